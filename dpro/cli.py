@@ -1,0 +1,132 @@
+"""The `dpro` command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from dpro.errors import DproInputError
+from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
+
+_rank_opt = click.option(
+    "--rank-pattern",
+    default=DEFAULT_RANK_PATTERN,
+    show_default=True,
+    help="Regex whose first group is the rank in a trace file name (when the trace has no distributedInfo).",
+)
+
+
+def _fail(err: Exception) -> None:
+    click.echo(f"dpro: error: {err}", err=True)
+    sys.exit(2)
+
+
+class _Group(click.Group):
+    """Turns DproInputError into one line and exit code 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except DproInputError as e:
+            _fail(e)
+        except KeyboardInterrupt:
+            click.echo("dpro: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dpro")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(verbose: int) -> None:
+    """dpro: why is distributed training slow, and what will make it faster.
+
+    \b
+    Typical use:
+      dpro replay traces/            predicted vs measured iteration time, breakdown, critical path
+      dpro replay traces/ --json     the same as one JSON object
+      dpro validate traces/          check a trace directory
+      dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
+
+    Times are in microseconds and sizes in bytes in every file and JSON output.
+    """
+    logging.basicConfig(level=logging.WARNING - 10 * verbose, format="%(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--timeline", type=click.Path(path_type=Path), help="Write the simulated iteration as a Chrome trace (Perfetto).")
+@click.option("--top", default=15, show_default=True, help="Critical-path ops to show in the summary.")
+@click.option("--no-expand", is_flag=True, help="Keep each collective's measured time instead of the ring model.")
+@_rank_opt
+def replay(path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, rank_pattern: str) -> None:
+    """Replay one training iteration of the job traced in PATH.
+
+    PATH is a gTrace directory or a directory of torch.profiler traces (one file per
+    rank). Prints the predicted iteration time next to the one measured in the trace.
+    """
+    from dpro.graph.global_dfg import BuildOptions
+    from dpro.loader import open_trace
+    from dpro.replayer.replay import replay as run_replay
+    from dpro.replayer.timeline import write_timeline
+
+    gt = open_trace(path, rank_pattern)
+    res = run_replay(gt, BuildOptions(expand_collectives=not no_expand))
+    if timeline:
+        write_timeline(timeline, res.graph, res.schedule)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(res.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    from dpro.report import print_replay
+
+    print_replay(res, path, top=top, timeline=timeline)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@_rank_opt
+def validate(path: Path, rank_pattern: str) -> None:
+    """Check that PATH is a well-formed trace (gTrace or torch.profiler) and say what it holds."""
+    from dpro.loader import open_trace
+
+    gt = open_trace(path, rank_pattern)
+    m = gt.manifest
+    ops = sum(len(n.ops) for n in gt.nodes.values())
+    click.echo(
+        f"{path}: ok: {m.framework}/{m.library} {m.scheme}, {len(gt.nodes)} of {m.world_size} ranks, "
+        f"steps {m.steps}, {ops} ops"
+    )
+    for note in gt.notes:
+        click.echo(f"  note: {note}")
+
+
+@cli.group(name="import")
+def import_() -> None:
+    """Convert traces from other tools into a gTrace directory."""
+
+
+@import_.command(name="kineto")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="gTrace directory to write.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+@_rank_opt
+def import_kineto_cmd(path: Path, output: Path, force: bool, rank_pattern: str) -> None:
+    """Convert torch.profiler (Kineto) traces in PATH, one file per rank, to gTrace."""
+    from dpro.gtrace.io import write_gtrace
+    from dpro.importers.kineto import import_kineto
+
+    gt = import_kineto(path, rank_pattern)
+    write_gtrace(gt, output, force=force)
+    click.echo(f"wrote {output} ({len(gt.nodes)} nodes)")
+
+
+def main() -> None:
+    cli(prog_name="dpro")
+
+
+if __name__ == "__main__":
+    main()

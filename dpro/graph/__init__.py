@@ -1,0 +1,1 @@
+"""The global data-flow graph: per-op statistics, communication model, builder."""

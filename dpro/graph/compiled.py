@@ -1,0 +1,100 @@
+"""A DAG in flat arrays (CSR successors), the form the replayer runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpro.gtrace.schema import CATEGORIES
+
+CAT_CODE = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+@dataclass
+class CompiledGraph:
+    """Ops 0..n-1 with durations, device queues and successor lists.
+
+    ``dur`` is what the replayer charges (own time + host gap before the op);
+    ``gap`` the host-gap part of it; ``prio`` breaks FIFO ties on a device (lower first,
+    the op's measured start offset within the step).
+    """
+
+    names: list[str]
+    dur: np.ndarray
+    gap: np.ndarray
+    cat: np.ndarray
+    device: np.ndarray
+    prio: np.ndarray
+    succ_ptr: np.ndarray
+    succ_idx: np.ndarray
+    devices: list[str]
+    #: index into ``owners`` for each device (the node that owns it, for breakdowns)
+    device_owner: np.ndarray
+    owners: list[str]
+    #: devices that are communication links / queues (not compute)
+    device_is_comm: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def indegree(self) -> np.ndarray:
+        return np.bincount(self.succ_idx, minlength=self.n).astype(np.int64)
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        src = np.repeat(np.arange(self.n), np.diff(self.succ_ptr))
+        return src, self.succ_idx
+
+    def subgraph(self, keep: np.ndarray) -> tuple["CompiledGraph", np.ndarray]:
+        """The graph restricted to ops where ``keep`` is True; returns it and old indices."""
+        old = np.flatnonzero(keep)
+        new_of = np.full(self.n, -1, dtype=np.int64)
+        new_of[old] = np.arange(len(old))
+        src, dst = self.edges()
+        m = keep[src] & keep[dst]
+        g = compile_graph(
+            [self.names[i] for i in old],
+            self.dur[old], self.gap[old], self.cat[old], self.device[old], self.prio[old],
+            new_of[src[m]], new_of[dst[m]],
+            self.devices, self.device_owner, self.owners, self.device_is_comm, dict(self.meta),
+        )
+        return g, old
+
+
+def compile_graph(
+    names: list[str],
+    dur, gap, cat, device, prio,
+    src, dst,
+    devices: list[str],
+    device_owner,
+    owners: list[str],
+    device_is_comm,
+    meta: dict | None = None,
+) -> CompiledGraph:
+    """Build the CSR form from edge lists (duplicate edges are removed)."""
+    n = len(names)
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if len(src):
+        key = np.unique(src * n + dst)
+        src, dst = key // n, key % n
+    counts = np.bincount(src, minlength=n)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return CompiledGraph(
+        names=names,
+        dur=np.asarray(dur, dtype=np.float64),
+        gap=np.asarray(gap, dtype=np.float64),
+        cat=np.asarray(cat, dtype=np.int8),
+        device=np.asarray(device, dtype=np.int64),
+        prio=np.asarray(prio, dtype=np.float64),
+        succ_ptr=ptr,
+        succ_idx=dst,  # already sorted by src thanks to np.unique on src*n+dst
+        devices=devices,
+        device_owner=np.asarray(device_owner, dtype=np.int64),
+        owners=owners,
+        device_is_comm=np.asarray(device_is_comm, dtype=bool),
+        meta=meta or {},
+    )

@@ -1,0 +1,212 @@
+"""Join local DFGs through the communication topology into one global DFG.
+
+Local ops become ``<node>/<op>`` on device ``<node>/<device>``.  A coarse collective
+(one op per rank, as gloo and NCCL kernels record it) whose whole group is present is
+replaced, on every rank, by a virtual IN op (the rank joins; it carries the host gap
+before the collective), the 2(N-1) SEND steps of a ring AllReduce on the directed links
+``link:r->r+1`` (cost from :mod:`dpro.graph.comm_model`), and a virtual OUT op that the
+local consumers wait for.  Collectives whose peers are absent keep their measured time.
+Fine-grained SEND/RECV and PUSH/PULL ops already in the trace are joined producer ->
+consumer by transaction id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
+from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
+from dpro.graph.stats import OpStats, node_stats
+from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
+from dpro.gtrace.validate import PAIRS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildOptions:
+    """How to build the global DFG."""
+
+    #: expand coarse AllReduce collectives into ring steps when all ranks are present
+    expand_collectives: bool = True
+    #: override the fitted link cost
+    link_cost: LinkCost | None = None
+    #: restrict to these steps (default: the manifest's)
+    steps: list[int] | None = None
+
+
+@dataclass
+class BuildInfo:
+    """What the builder decided, for the report."""
+
+    link_cost: LinkCost | None = None
+    expanded: int = 0
+    kept_coarse: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class GraphBuilder:
+    """Accumulates ops and edges, then compiles them."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.dur: list[float] = []
+        self.gap: list[float] = []
+        self.cat: list[int] = []
+        self.device: list[int] = []
+        self.prio: list[float] = []
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.devices: list[str] = []
+        self.dev_index: dict[str, int] = {}
+        self.device_owner: list[int] = []
+        self.device_is_comm: list[bool] = []
+        self.owners: list[str] = []
+        self.owner_index: dict[str, int] = {}
+
+    def dev(self, name: str, owner: str, is_comm: bool) -> int:
+        d = self.dev_index.get(name)
+        if d is None:
+            if owner not in self.owner_index:
+                self.owner_index[owner] = len(self.owners)
+                self.owners.append(owner)
+            d = self.dev_index[name] = len(self.devices)
+            self.devices.append(name)
+            self.device_owner.append(self.owner_index[owner])
+            self.device_is_comm.append(is_comm)
+        return d
+
+    def op(self, name: str, dur: float, gap: float, cat: str, device: int, prio: float) -> int:
+        self.names.append(name)
+        self.dur.append(dur + gap)
+        self.gap.append(gap)
+        self.cat.append(CAT_CODE[cat])
+        self.device.append(device)
+        self.prio.append(prio)
+        return len(self.names) - 1
+
+    def edge(self, a: int, b: int) -> None:
+        self.src.append(a)
+        self.dst.append(b)
+
+    def compile(self, meta: dict | None = None) -> CompiledGraph:
+        return compile_graph(
+            self.names, self.dur, self.gap, self.cat, self.device, self.prio, self.src, self.dst,
+            self.devices, self.device_owner, self.owners, self.device_is_comm, meta,
+        )
+
+
+def _service_samples(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, float]]:
+    """(bytes, ranks, median service µs) per complete coarse AllReduce transaction."""
+    out = []
+    for txn, members in groups.items():
+        per_step: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
+        nbytes = 0
+        for node, op_id in members:
+            nbytes = max(nbytes, gt.nodes[node].ops[op_id].bytes)
+            for s, smp in stats[node][op_id].samples.items():
+                per_step[s].append(smp)
+        service = [
+            max(e for _, e, _ in v) - max(max(ts, p) for ts, _, p in v)
+            for v in per_step.values() if len(v) == len(members)
+        ]
+        if service and nbytes > 0:
+            out.append((nbytes, len(members), float(np.median(service))))
+    return out
+
+
+def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[CompiledGraph, BuildInfo]:
+    """Build the global DFG of ``gt`` ready for replay."""
+    opts = options or BuildOptions()
+    info = BuildInfo()
+    steps = opts.steps or gt.manifest.steps or None
+    stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
+    present = {nt.info.rank: name for name, nt in gt.nodes.items() if nt.info.role == "worker"}
+
+    # Coarse AllReduce transactions whose whole group is present get expanded.
+    groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for name, nt in gt.nodes.items():
+        for op in nt.ops.values():
+            if op.cat == "COMM" and op.sub_op == "ALLREDUCE" and op.txn is not None:
+                groups[op.txn].append((name, op.id))
+    complete = {}
+    for txn, members in groups.items():
+        op0 = gt.nodes[members[0][0]].ops[members[0][1]]
+        ranks = list(op0.group) if op0.group else list(range(gt.manifest.world_size))
+        if len(ranks) > 1 and all(r in present for r in ranks) and len(members) == len(ranks):
+            complete[txn] = members
+    cost = opts.link_cost
+    if opts.expand_collectives and complete and cost is None:
+        cost = fit_link_cost(_service_samples(gt, stats, complete))
+        if cost is None:
+            info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
+    info.link_cost = cost
+    expand = set(complete) if (opts.expand_collectives and cost is not None) else set()
+
+    b = GraphBuilder()
+    idx: dict[tuple[str, str], int] = {}
+    ends: dict[tuple[str, str], int] = {}  # op whose end stands for the local op's end (OUT for expanded)
+    for name, nt in gt.nodes.items():
+        st = stats[name]
+        non_comm = {op.device for op in nt.ops.values() if op.cat != "COMM"}
+        for op in nt.ops.values():
+            s = st[op.id]
+            d = b.dev(f"{name}/{op.device}", name, op.device not in non_comm)
+            if op.txn in expand:
+                i_in = b.op(f"{name}/{op.id}:IN", 0.0, s.gap, "COMM", d, s.offset)
+                i_out = b.op(f"{name}/{op.id}:OUT", 0.0, 0.0, "COMM", d, s.offset)
+                idx[(name, op.id)], ends[(name, op.id)] = i_in, i_out
+            else:
+                i = b.op(f"{name}/{op.id}", s.dur, s.gap, op.cat, d, s.offset)
+                idx[(name, op.id)] = ends[(name, op.id)] = i
+        for u, v in nt.edges:
+            b.edge(ends[(name, u)], idx[(name, v)])
+
+    # Ring AllReduce expansion.
+    for txn in sorted(expand):
+        members = complete[txn]
+        by_rank = {gt.nodes[n].info.rank: (n, o) for n, o in members}
+        ranks = sorted(by_rank)
+        n = len(ranks)
+        nbytes = max(gt.nodes[nn].ops[o].bytes for nn, o in members)
+        step_dur = cost.step_us(nbytes / n)
+        prio = max(stats[nn][o].offset for nn, o in members)
+        prev: list[int] = []
+        for s in range(ring_steps(n)):
+            cur = []
+            for j, r in enumerate(ranks):
+                nxt = ranks[(j + 1) % n]
+                node = by_rank[r][0]
+                d = b.dev(f"link:{r}->{nxt}", node, True)
+                i = b.op(f"{txn}/ring{s}/{r}->{nxt}", step_dur, 0.0, "COMM", d, prio)
+                if s == 0:
+                    b.edge(idx[by_rank[r]], i)
+                    b.edge(idx[by_rank[nxt]], i)
+                else:
+                    b.edge(prev[j - 1], i)  # the chunk received from the previous rank
+                    b.edge(prev[j], i)
+                cur.append(i)
+            prev = cur
+        for j, r in enumerate(ranks):
+            b.edge(prev[j - 1], ends[by_rank[r]])
+            b.edge(prev[j], ends[by_rank[r]])
+        info.expanded += 1
+    info.kept_coarse = len(groups) - len(expand)
+
+    # Fine-grained producer -> consumer pairs (SEND -> RECV, PUSH_REQ -> PUSH_RES, ...).
+    by_txn: dict[tuple[str, str], tuple[str, str]] = {}
+    for name, nt in gt.nodes.items():
+        for op in nt.ops.values():
+            if op.cat == "COMM" and op.sub_op not in COARSE_SUB_OPS and op.txn is not None:
+                by_txn[(op.sub_op, op.txn)] = (name, op.id)
+    for prod, cons in PAIRS.items():
+        for (sub, txn), key in by_txn.items():
+            if sub == prod and (cons, txn) in by_txn:
+                b.edge(ends[key], idx[by_txn[(cons, txn)]])
+
+    g = b.compile({"link_cost": cost})
+    return g, info

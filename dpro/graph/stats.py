@@ -1,0 +1,75 @@
+"""Per-op durations from the profiled steps.
+
+For op o in step s, with P = the latest end of o's DFG predecessors in s (the step start
+for ops without predecessors): ``gap = max(0, ts - P)`` is host time before o could
+start, ``dur = end - max(ts, P)`` is o's own time (time overlapped with a predecessor,
+e.g. a collective that began before its peers joined, is not o's own).  The replayer
+charges ``gap + dur``, so replaying one profiled step with its own values reproduces the
+step exactly when the DFG holds every binding dependency.  Across steps we take the
+**median** of each (robust to one slow step).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpro.gtrace.schema import NodeTrace
+
+
+@dataclass(slots=True)
+class OpStats:
+    dur: float
+    gap: float
+    #: median start offset from the step start (FIFO tie-break, timelines)
+    offset: float
+    #: per-step samples: step -> (ts, end, P)
+    samples: dict[int, tuple[float, float, float]]
+
+
+def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpStats]:
+    """Median ``dur``/``gap`` of every op of a node over ``steps`` (default: all)."""
+    use = set(steps) if steps else set(nt.steps)
+    ev: dict[tuple[str, int], tuple[float, float]] = {}
+    for e in nt.events:
+        if e.step in use:
+            ev[(e.op, e.step)] = (e.ts, e.ts + e.dur)
+    preds: dict[str, list[str]] = defaultdict(list)
+    for a, b in nt.edges:
+        preds[b].append(a)
+    out: dict[str, OpStats] = {}
+    for op in nt.ops:
+        samples = {}
+        for s in use:
+            x = ev.get((op, s))
+            if x is None:
+                continue
+            ts, end = x
+            p = [ev[(q, s)][1] for q in preds.get(op, ()) if (q, s) in ev]
+            P = max(p) if p else nt.steps[s][0] if s in nt.steps else ts
+            samples[s] = (ts, end, P)
+        if not samples:
+            out[op] = OpStats(0.0, 0.0, 0.0, {})
+            continue
+        arr = np.array(list(samples.values()))
+        ts, end, P = arr[:, 0], arr[:, 1], arr[:, 2]
+        starts = np.array([nt.steps[s][0] if s in nt.steps else 0.0 for s in samples])
+        out[op] = OpStats(
+            dur=float(np.median(np.maximum(0.0, end - np.maximum(ts, P)))),
+            gap=float(np.median(np.maximum(0.0, ts - P))),
+            offset=float(np.median(ts - starts)),
+            samples=samples,
+        )
+    return out
+
+
+def measured_iteration_us(nodes: list[NodeTrace], steps: list[int]) -> float | None:
+    """Median over steps of the slowest node's step duration (the framework's own marker)."""
+    per_step = []
+    for s in steps:
+        durs = [nt.steps[s][1] for nt in nodes if s in nt.steps]
+        if durs:
+            per_step.append(max(durs))
+    return float(np.median(per_step)) if per_step else None

@@ -1,0 +1,147 @@
+"""In-memory model of a gTrace (format spec: docs/gtrace.md).
+
+Times are microseconds (float), sizes bytes (int), everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FORMAT_NAME = "gtrace"
+FORMAT_VERSION = 1
+
+#: Op categories. OTHER holds host work we cannot attribute (documented).
+CATEGORIES = ("FW", "BW", "UPDATE", "IO", "COMM", "OTHER")
+
+#: Communication sub-ops.
+#: ALLREDUCE/ALLGATHER/REDUCESCATTER/BROADCAST/ALLTOALL/BARRIER/SENDRECV: one coarse op per
+#: collective per rank (what gloo and NCCL kernels show). SEND/RECV: one chunk of a ring step.
+#: PUSH_REQ/PUSH_RES/PULL_REQ/PULL_RES: parameter-server messages. IN/OUT: virtual ops that
+#: join a tensor's local producer/consumer to its communication topology.
+COARSE_SUB_OPS = (
+    "ALLREDUCE",
+    "ALLGATHER",
+    "REDUCESCATTER",
+    "BROADCAST",
+    "ALLTOALL",
+    "BARRIER",
+    "SENDRECV",
+)
+SUB_OPS = COARSE_SUB_OPS + ("SEND", "RECV", "PUSH_REQ", "PUSH_RES", "PULL_REQ", "PULL_RES", "IN", "OUT")
+
+ROLES = ("worker", "server", "scheduler")
+SCHEMES = ("allreduce", "ps")
+
+
+@dataclass(slots=True)
+class Op:
+    """One node of a local DFG: an op that runs once per iteration on one device queue."""
+
+    id: str
+    name: str
+    cat: str
+    device: str
+    # Communication attributes (COMM ops only).
+    sub_op: str | None = None
+    tensor: str | None = None
+    bytes: int = 0
+    txn: str | None = None
+    peer: int | None = None
+    group: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict:
+        d: dict = {"id": self.id, "name": self.name, "cat": self.cat, "device": self.device}
+        if self.cat == "COMM":
+            d.update(sub_op=self.sub_op, tensor=self.tensor, bytes=self.bytes, txn=self.txn)
+            if self.peer is not None:
+                d["peer"] = self.peer
+            if self.group is not None:
+                d["group"] = list(self.group)
+        return d
+
+
+@dataclass(slots=True)
+class Event:
+    """One execution of an op in one profiled step (absolute µs on the node's clock)."""
+
+    op: str
+    step: int
+    ts: float
+    dur: float
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """A process of the job: a worker, a server or the scheduler."""
+
+    name: str
+    role: str
+    rank: int
+    host: str
+    events: str = ""
+    dfg: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "rank": self.rank,
+            "host": self.host,
+            "events": self.events,
+            "dfg": self.dfg,
+        }
+
+
+@dataclass
+class NodeTrace:
+    """Everything recorded for one node: local DFG, events, step windows."""
+
+    info: NodeInfo
+    ops: dict[str, Op] = field(default_factory=dict)
+    edges: list[tuple[str, str]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    #: step -> (start µs, duration µs) as measured by the framework's step marker.
+    steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Manifest:
+    """What the job was; see docs/gtrace.md."""
+
+    framework: str
+    scheme: str
+    library: str
+    world_size: int
+    nodes: list[NodeInfo]
+    steps: list[int]
+    version: int = FORMAT_VERSION
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "framework": self.framework,
+            "scheme": self.scheme,
+            "library": self.library,
+            "world_size": self.world_size,
+            "nodes": [n.to_json() for n in self.nodes],
+            "steps": list(self.steps),
+            "meta": self.meta,
+        }
+
+
+@dataclass
+class GTrace:
+    """A whole gTrace held in memory."""
+
+    manifest: Manifest
+    nodes: dict[str, NodeTrace]
+    #: Where it was loaded from (for messages); None when built in memory.
+    source: str | None = None
+    #: Human-readable notes gathered while importing (shown by `dpro replay`).
+    notes: list[str] = field(default_factory=list)
+
+    def workers(self) -> list[NodeTrace]:
+        """Worker nodes sorted by rank."""
+        return sorted((n for n in self.nodes.values() if n.info.role == "worker"), key=lambda n: n.info.rank)

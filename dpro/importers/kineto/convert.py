@@ -1,0 +1,239 @@
+"""Kineto rank files -> gTrace (manifest, per-node DFG and events)."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from dpro.errors import DproInputError
+from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
+from dpro.importers.kineto import deps
+from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files
+from dpro.importers.kineto.segments import Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel
+
+log = logging.getLogger(__name__)
+
+STEP_END = "STEP_END"
+
+
+def is_kineto_path(path: Path) -> bool:
+    """A Kineto trace file, or a directory of them (cheap check on names only)."""
+    if path.is_file():
+        return path.name.endswith((".json", ".json.gz"))
+    return path.is_dir() and any(p.name.endswith((".json", ".json.gz")) for p in path.iterdir())
+
+
+def _main_tid(rf: RankFile) -> object:
+    for e in rf.events:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+            return e.get("tid")
+    counts = Counter(e.get("tid") for e in rf.events if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _assign_steps(segs: list[Seg], steps: dict[int, tuple[float, float]]) -> None:
+    order = sorted(steps)
+    starts = [steps[s][0] for s in order]
+    for s in segs:
+        i = bisect.bisect_right(starts, s.ts) - 1
+        if i >= 0 and s.ts < steps[order[i]][1]:
+            s.step = order[i]
+
+
+def _classify(segs: list[Seg]) -> None:
+    """Unlabelled CPU work: FW before the step's first BW op, OTHER after it."""
+    first_bw: dict[int, float] = {}
+    for s in segs:
+        if s.cat == "BW":
+            first_bw[s.step] = min(first_bw.get(s.step, s.ts), s.ts)
+    for s in segs:
+        if not s.cat:
+            s.cat = "FW" if s.ts < first_bw.get(s.step, float("inf")) else "OTHER"
+
+
+def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:
+    """All segments of a rank with steps and categories; plus (issue, collective) pairs."""
+    steps = find_steps(rf)
+    if not steps:
+        xs = [e for e in rf.events if e.get("ph") == "X" and "ts" in e]
+        t0 = min(float(e["ts"]) for e in xs)
+        t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in xs)
+        steps = {0: (t0, t1)}
+        notes.append(f"{rf.path.name}: no ProfilerStep markers; the whole trace is one step")
+    segs, gloo = cpu_segments(rf, _main_tid(rf))
+    gpu = gpu_segments(rf)
+    _assign_steps(segs, steps)
+    _classify(segs)
+    launcher = {c: s for s in segs for c in s.launches}
+    for k in gpu:
+        src = launcher.get(k.corr) if k.corr is not None else None
+        if src is not None:
+            k.step = src.step
+            if not k.cat:
+                k.cat = src.cat
+        else:
+            _assign_steps([k], steps)
+            k.cat = k.cat or "OTHER"
+    pairs: list[tuple[Seg, Seg]] = []
+    issues = sorted((s for s in segs if s.issue and s.step >= 0), key=lambda s: s.end)
+    nccl_issuers = {id(launcher[k.corr]) for k in gpu if k.cat == "COMM" and k.corr in launcher}
+    gloo_issues = [s for s in issues if id(s) not in nccl_issuers]
+    j = 0
+    for c in sorted(gloo, key=lambda c: c.ts):
+        while j < len(gloo_issues) and gloo_issues[j].ts > c.ts + 1.0:
+            break
+        if j < len(gloo_issues):
+            c.step = gloo_issues[j].step
+            pairs.append((gloo_issues[j], c))
+            j += 1
+    for k in gpu:
+        if k.cat == "COMM" and k.corr in launcher:
+            pairs.append((launcher[k.corr], k))
+    pairs.sort(key=lambda p: p[0].end)
+    comm = [c for _, c in pairs if c.dev == "comm"]
+    return steps, [s for s in segs if s.step >= 0] + [k for k in gpu if k.step >= 0] + comm, gpu, pairs
+
+
+def _step_edges(segs: list[Seg], pairs: list[tuple[Seg, Seg]]) -> tuple[dict[str, list[Seg]], list[deps.Edge]]:
+    by_dev = deps.group_by_device(segs)
+    gpu = [s for s in segs if s.dev.startswith("gpu")]
+    edges = deps.chain_edges(by_dev) + deps.launch_edges(segs, gpu)
+    launch_end = {id(k): src.end for src, k in deps.launch_edges(segs, gpu)}
+    for issue, c in pairs:
+        if c.dev == "comm":
+            edges.append((issue, c))
+    by_thread: dict[str, list[tuple[Seg, Seg]]] = defaultdict(list)
+    for issue, c in pairs:
+        if c.dev == "comm":
+            by_thread[issue.dev].append((issue, c))
+    for dev, colls in by_thread.items():
+        edges += deps.consumer_edges(by_dev.get(dev, []), colls)
+    edges += deps.stream_wait_edges(by_dev, launch_end)
+    edges += deps.sync_edges(segs, gpu)
+    edges += deps.handoff_edges(by_dev)
+    return by_dev, edges
+
+
+def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
+    return tuple(sorted((d, tuple(s.name for s in ss)) for d, ss in by_dev.items()))
+
+
+def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
+    """One rank's Kineto trace -> NodeTrace with a local DFG shared by all kept steps."""
+    steps, segs, _, pairs = _rank_segments(rf, notes)
+    txn_of: dict[int, str] = {}
+    per_step_pairs: dict[int, list[tuple[Seg, Seg]]] = defaultdict(list)
+    for p in pairs:
+        per_step_pairs[p[1].step].append(p)
+    for st, ps in per_step_pairs.items():
+        for j, (_, c) in enumerate(ps):
+            txn_of[id(c)] = f"{c.coll}.{j}"
+    per_step: dict[int, list[Seg]] = defaultdict(list)
+    for s in segs:
+        per_step[s.step].append(s)
+    built = {st: _step_edges(ss, per_step_pairs.get(st, [])) for st, ss in per_step.items()}
+    sigs = Counter(_signature(b[0]) for b in built.values())
+    ref_sig = sigs.most_common(1)[0][0]
+    kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
+    dropped = sorted(set(built) - set(kept))
+    if dropped:
+        notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {kept}; replaying {kept}")
+    name = f"worker{rf.rank}"
+    nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
+    edge_set: set[tuple[str, str]] = set()
+    # Edges from every kept step, but only those that go forward in the first kept step's
+    # timeline: heuristic edges that disagree between steps can then never form a cycle.
+    order: dict[str, int] = {}
+    for st in kept:
+        by_dev, edges = built[st]
+        ids: dict[int, str] = {}
+        for dev, ss in by_dev.items():
+            for k, s in enumerate(ss):
+                oid = f"{s.name}@{dev}#{k}"
+                ids[id(s)] = oid
+                if oid not in nt.ops:
+                    op = Op(id=oid, name=s.name, cat=s.cat or "OTHER", device=dev)
+                    if s.cat == "COMM" and s.coll is not None:
+                        op.sub_op = _SUB_OP.get(s.coll, "ALLREDUCE")
+                        op.tensor = f"{s.coll}.{txn_of.get(id(s), k).split('.')[-1]}"
+                        op.bytes = s.nbytes
+                        op.txn = txn_of.get(id(s), f"{s.coll}.{k}")
+                        op.group = s.group
+                    nt.ops[oid] = op
+                nt.events.append(Event(op=oid, step=st, ts=s.ts, dur=s.end - s.ts))
+        if not order:
+            ranked = sorted((s for ss in by_dev.values() for s in ss), key=lambda s: (s.ts, s.end))
+            order = {ids[id(s)]: i for i, s in enumerate(ranked)}
+        for a, b in edges:
+            ia, ib = ids[id(a)], ids[id(b)]
+            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib):
+                edge_set.add((ia, ib))
+        t0, t1 = steps[st]
+        nt.steps[st] = (t0, t1 - t0)
+    end_id = f"{STEP_END}@cpu:main"
+    nt.ops[end_id] = Op(id=end_id, name=STEP_END, cat="OTHER", device="cpu:main")
+    last: dict[str, str] = {}
+    for oid in list(nt.ops)[:-1]:
+        last[nt.ops[oid].device] = oid  # ops are inserted in device order
+    edge_set.update((oid, end_id) for oid in last.values())
+    for st in kept:
+        t0, dur = nt.steps[st]
+        nt.events.append(Event(op=end_id, step=st, ts=t0 + dur, dur=0.0))
+    nt.edges = sorted(edge_set)
+    return nt
+
+
+_SUB_OP = {
+    "allreduce": "ALLREDUCE",
+    "broadcast": "BROADCAST",
+    "allgather": "ALLGATHER",
+    "allgatherbase": "ALLGATHER",
+    "allgatherintocoalesced": "ALLGATHER",
+    "reducescatter": "REDUCESCATTER",
+    "reducescatterbase": "REDUCESCATTER",
+    "alltoall": "ALLTOALL",
+    "alltoallbase": "ALLTOALL",
+    "barrier": "BARRIER",
+    "sendrecv": "SENDRECV",
+}
+
+
+def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GTrace:
+    """Read a directory (or one file) of torch.profiler traces as a GTrace."""
+    path = Path(path)
+    rfs = load_rank_files(path, rank_pattern)
+    notes: list[str] = []
+    nodes = {}
+    for rf in rfs:
+        try:
+            nt = convert_rank(rf, notes)
+        except DproInputError:
+            raise
+        except (KeyError, ValueError, TypeError, IndexError) as e:
+            raise DproInputError(rf.path, f"cannot interpret this Kineto trace ({type(e).__name__}: {e})") from None
+        if not any(ev.op != f"{STEP_END}@cpu:main" for ev in nt.events):
+            raise DproInputError(rf.path, "empty trace: no operator events inside the profiled steps")
+        nt.info.events = rf.path.name
+        nodes[nt.info.name] = nt
+    world = max([rf.world_size or 0 for rf in rfs] + [max(rf.rank for rf in rfs) + 1])
+    backend = next((rf.backend for rf in rfs if rf.backend), None) or ("nccl" if any(
+        is_comm_kernel(op.name) for nt in nodes.values() for op in nt.ops.values()) else "gloo")
+    common = sorted(set.intersection(*(set(nt.steps) for nt in nodes.values())))
+    if len(rfs) < world:
+        notes.append(
+            f"{len(rfs)} of {world} ranks present: collectives keep their measured durations (peers absent)"
+        )
+    manifest = Manifest(
+        framework="pytorch",
+        scheme="allreduce",
+        library=backend,
+        world_size=world,
+        nodes=[nt.info for nt in nodes.values()],
+        steps=common,
+        meta={"importer": "kineto", "source": str(path)},
+    )
+    for nt in nodes.values():
+        nt.info.events = ""
+    return GTrace(manifest=manifest, nodes=nodes, source=None, notes=notes)

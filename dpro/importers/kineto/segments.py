@@ -1,0 +1,281 @@
+"""Cut one rank's Kineto events into replayable segments (the future DFG ops).
+
+An *op* is an outermost CPU operator on a thread (annotations such as
+``DistributedDataParallel.forward`` are transparent context), a GPU kernel / memcpy /
+memset on a stream, or a collective executed by a communication thread (gloo).
+A CPU op is cut into segments at the points where it emits work for another device:
+the end of a kernel launch, the end of a collective issue (``c10d::*``), and the start
+and end of a blocking CUDA synchronisation.  Each segment knows what it emitted, so the
+dependency pass can join it to what it launched or waited for.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from dpro.importers.kineto.read import RankFile
+
+CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "Runtime"})
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
+SYNC_CALLS = {
+    "cudaDeviceSynchronize": "device",
+    "cudaStreamSynchronize": "stream",
+    "cudaEventSynchronize": "event",
+    "cudaMemcpy": "device",
+}
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_NCCL_KERNEL_RE = re.compile(r"^nccl(Dev)?Kernel_([A-Za-z]+)")
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
+    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8, "long int": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2,
+    "char": 1, "int8": 1, "uint8": 1, "byte": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
+}
+
+
+@dataclass(slots=True)
+class Seg:
+    """A piece of work on one device queue within one step."""
+
+    dev: str
+    name: str
+    ts: float
+    end: float
+    cat: str = ""
+    step: int = -1
+    #: correlation ids of kernel launches that end this segment
+    launches: list[int] = field(default_factory=list)
+    #: this segment ends with a collective issue (c10d::*)
+    issue: bool = False
+    #: kind of blocking CUDA sync this segment is ('device' | 'stream' | 'event')
+    sync: str | None = None
+    #: for GPU segments: correlation id of the launch
+    corr: int | None = None
+    #: for COMM segments: collective name (allreduce, broadcast, ...) and payload bytes
+    coll: str | None = None
+    nbytes: int = 0
+    group: tuple[int, ...] | None = None
+
+
+@dataclass
+class _Ev:
+    name: str
+    cat: str
+    ts: float
+    end: float
+    args: dict
+    children: list["_Ev"] = field(default_factory=list)
+
+
+def dtype_bytes(dtype: object) -> int:
+    """Bytes per element of a Kineto dtype string (4 when unknown)."""
+    return DTYPE_BYTES.get(str(dtype).lower().replace("c10::", ""), 4)
+
+
+def _numel(dims: object) -> int:
+    """Elements of the first tensor in a Kineto 'Input Dims' value (lists may nest)."""
+    while isinstance(dims, list) and dims and isinstance(dims[0], list):
+        if isinstance(dims[0][0] if dims[0] else None, list):
+            dims = dims[0]
+            continue
+        dims = dims[0]
+        break
+    n = 1
+    if not isinstance(dims, list):
+        return 0
+    for x in dims:
+        if not isinstance(x, int):
+            return 0
+        n *= x
+    return n
+
+
+def _coll_name(name: str) -> str:
+    """'gloo:all_reduce' / 'ncclKernel_AllReduce_RING...' / 'c10d::allreduce_' -> 'allreduce'."""
+    m = _NCCL_KERNEL_RE.match(name)
+    if m:
+        return m.group(2).lower()
+    base = name.split(":")[-1].strip("_")
+    return base.replace("_", "").lower() or "collective"
+
+
+def _comm_bytes(args: dict) -> int:
+    if "In msg nelems" in args:
+        return int(args["In msg nelems"]) * dtype_bytes(args.get("dtype", "float"))
+    dims = args.get("Input Dims")
+    types = args.get("Input type") or ["float"]
+    return _numel(dims) * dtype_bytes(types[0] if types else "float")
+
+
+def _group(args: dict) -> tuple[int, ...] | None:
+    g = args.get("Process Group Ranks")
+    if isinstance(g, str) and g.startswith("["):
+        try:
+            return tuple(int(x) for x in g.strip("[]").split(",") if x.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def is_issue(name: str) -> bool:
+    """A CPU op that issues a collective (its execution is elsewhere)."""
+    return name.startswith("c10d::") and not name.startswith(("c10d::wait", "c10d::monitored_barrier"))
+
+
+def is_comm_kernel(name: str) -> bool:
+    return bool(_NCCL_KERNEL_RE.match(name))
+
+
+def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
+    """ProfilerStep#N windows: step -> (start, end)."""
+    steps = {}
+    for e in rf.events:
+        if e.get("ph") == "X":
+            m = _STEP_RE.match(str(e.get("name", "")))
+            if m:
+                steps[int(m.group(1))] = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+    return steps
+
+
+def _build_trees(evs: list[dict]) -> list[_Ev]:
+    """Nest one thread's events by time; returns the roots."""
+    items = sorted(
+        (_Ev(str(e.get("name", "")), str(e.get("cat", "")), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("args") or {}) for e in evs),
+        key=lambda x: (x.ts, -x.end),
+    )
+    roots: list[_Ev] = []
+    stack: list[_Ev] = []
+    for x in items:
+        while stack and x.ts >= stack[-1].end:
+            stack.pop()
+        (stack[-1].children if stack else roots).append(x)
+        stack.append(x)
+    return roots
+
+
+def _context_cat(names: list[str]) -> str:
+    for n in names:
+        if n.startswith(("Optimizer.", "## optimizer")) or "optimizer" in n.lower() and "zero_grad" in n.lower():
+            return "UPDATE"
+        if n.startswith("enumerate(DataLoader)") or n.startswith("## data"):
+            return "IO"
+    return ""
+
+
+def _op_cat(name: str, ctx: str) -> str:
+    if ctx:
+        return ctx
+    if "Backward" in name or name.startswith("autograd::engine") or "reducer::" in name:
+        return "BW"
+    return ""
+
+
+def _cut(op: _Ev, dev: str, cat: str) -> list[Seg]:
+    """Cut an outermost CPU op at its emission points."""
+    points: list[tuple[float, str, object]] = []
+
+    def walk(x: _Ev, inside_issue: bool) -> None:
+        for c in x.children:
+            if c.cat == "cuda_runtime" or c.cat == "cuda_driver":
+                kind = SYNC_CALLS.get(c.name)
+                if kind:
+                    points.append((c.ts, "sync_start", kind))
+                    points.append((c.end, "sync_end", kind))
+                elif "correlation" in c.args:
+                    points.append((c.end, "launch", int(c.args["correlation"])))
+            elif is_issue(c.name) and not inside_issue:
+                walk(c, True)
+                points.append((c.end, "issue", None))
+                continue
+            walk(c, inside_issue)
+
+    if op.cat in ("cuda_runtime", "cuda_driver"):
+        walk(_Ev("", "", op.ts, op.end, {}, [op]), False)
+    else:
+        walk(op, False)
+        if is_issue(op.name):
+            points.append((op.end, "issue", None))
+    segs: list[Seg] = []
+    cur = Seg(dev, op.name, op.ts, op.ts, cat)
+    for t, kind, payload in sorted(points, key=lambda p: p[0]):
+        t = min(max(t, cur.ts), op.end)
+        if kind == "sync_start":
+            if t > cur.ts or cur.launches or cur.issue:
+                cur.end = t
+                segs.append(cur)
+            cur = Seg(dev, f"{op.name}", t, t, cat, sync=str(payload))
+            continue
+        if kind == "launch":
+            cur.launches.append(int(payload))  # type: ignore[arg-type]
+        elif kind == "issue":
+            cur.issue = True
+        if kind == "sync_end" or kind == "issue" or (kind == "launch" and t > cur.ts):
+            cur.end = t
+            segs.append(cur)
+            cur = Seg(dev, f"{op.name}", t, t, cat)
+    cur.end = op.end
+    if cur.end > cur.ts or not segs or cur.launches:
+        segs.append(cur)
+    for i, s in enumerate(segs):
+        if len(segs) > 1:
+            s.name = f"{op.name}[{i}]"
+    return segs
+
+
+def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
+    """Segments of every CPU thread, and the collectives run by communication threads.
+
+    Returns (cpu segments, gloo-style collective segments in start order).
+    """
+    by_tid: dict[object, list[dict]] = {}
+    for e in rf.events:
+        if e.get("ph") == "X" and e.get("cat") in CPU_CATS and "ts" in e:
+            by_tid.setdefault(e.get("tid"), []).append(e)
+    thread_names: dict[object, str] = {}
+    order = [main_tid] + sorted((t for t in by_tid if t != main_tid), key=lambda t: min(float(e["ts"]) for e in by_tid[t]))
+    segs: list[Seg] = []
+    comm: list[Seg] = []
+    for tid in order:
+        roots = _build_trees(by_tid[tid])
+
+        def visit(x: _Ev, ctx: list[str], dev: str) -> None:
+            if x.cat == "user_annotation" or _STEP_RE.match(x.name):
+                if x.name.startswith("gloo:"):
+                    comm.append(
+                        Seg("comm", x.name, x.ts, x.end, "COMM", coll=_coll_name(x.name), nbytes=_comm_bytes(x.args))
+                    )
+                    return
+                for c in x.children:
+                    visit(c, ctx + [x.name], dev)
+                return
+            if x.cat == "python_function":
+                for c in x.children:
+                    visit(c, ctx, dev)
+                return
+            segs.extend(_cut(x, dev, _op_cat(x.name, _context_cat(ctx))))
+
+        dev = thread_names.setdefault(tid, "cpu:main" if tid == main_tid else f"cpu:t{len(thread_names)}")
+        for r in roots:
+            visit(r, [], dev)
+    return segs, comm
+
+
+def gpu_segments(rf: RankFile) -> list[Seg]:
+    """Kernels, memcpys and memsets, one device per (GPU, stream)."""
+    out = []
+    for e in rf.events:
+        if e.get("ph") != "X" or e.get("cat") not in GPU_CATS or "ts" not in e:
+            continue
+        a = e.get("args") or {}
+        dev = f"gpu{a.get('device', 0)}:s{a.get('stream', e.get('tid'))}"
+        name = str(e.get("name", ""))
+        s = Seg(dev, name, float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        s.corr = int(a["correlation"]) if "correlation" in a else None
+        if is_comm_kernel(name):
+            s.cat = "COMM"
+            s.coll = str(a.get("Collective name") or _coll_name(name)).lower().replace("_", "")
+            s.nbytes = _comm_bytes(a)
+            s.group = _group(a)
+        out.append(s)
+    return out

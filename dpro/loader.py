@@ -1,0 +1,24 @@
+"""Open whatever the user points at: a gTrace directory or torch.profiler traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpro.errors import DproInputError
+from dpro.gtrace.io import is_gtrace, load_gtrace
+from dpro.gtrace.schema import GTrace
+from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
+
+
+def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GTrace:
+    """Load ``path`` as gTrace if it has a manifest, else import it as Kineto traces."""
+    from dpro.importers.kineto import import_kineto, is_kineto_path
+
+    p = Path(path)
+    if not p.exists():
+        raise DproInputError(p, "no such file or directory")
+    if is_gtrace(p):
+        return load_gtrace(p)
+    if is_kineto_path(p):
+        return import_kineto(p, rank_pattern)
+    raise DproInputError(p, "neither a gTrace directory (manifest.json) nor torch.profiler traces (*.json[.gz])")

@@ -1,0 +1,1 @@
+"""Replay a global DFG: per-device Kahn simulation, critical path, breakdown, timeline."""
