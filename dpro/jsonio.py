@@ -45,8 +45,38 @@ def read_json(path: Path) -> Any:
         raise DproInputError(path, f"invalid JSON: {e}") from None
 
 
-def write_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:
-    """Write JSON atomically (temp file + rename); gzip when the name ends in .gz."""
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+#: Permissions for files and directories we create (mkstemp/mkdtemp alone give 0600/0700).
+FILE_MODE = 0o666 & ~_UMASK
+DIR_MODE = 0o777 & ~_UMASK
+
+
+def not_a_dir_ancestor(path: Path) -> Path | None:
+    """The first existing ancestor of ``path`` that is not a directory (blocks creating it)."""
+    for parent in reversed(Path(path).parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return None
+
+
+def write_problem(path: Path, e: OSError) -> str:
+    """Why ``path`` could not be written, in a few words."""
+    blocker = not_a_dir_ancestor(path)
+    if blocker is not None:
+        return f"cannot write: {blocker} is a file, not a directory"
+    if path.is_dir():
+        return "cannot write: is a directory, expected a file name"
+    return f"cannot write: {e.strerror or e}"
+
+
+def dump_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:
+    """Like write_json, but OSError escapes (for callers that report another path)."""
     data = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
     if gz if gz is not None else path.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)
@@ -55,7 +85,21 @@ def write_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:
+    """Write JSON atomically (temp file + rename); gzip when the name ends in .gz.
+
+    Any OSError (unwritable place, a parent that is a file, disk full, ``path`` is a
+    directory) becomes a DproInputError naming ``path``.
+    """
+    path = Path(path)
+    try:
+        dump_json(path, obj, gz=gz)
+    except OSError as e:
+        raise DproInputError(path, write_problem(path, e)) from None

@@ -2,11 +2,13 @@
 
 A ring AllReduce of B bytes over N ranks is 2(N-1) steps, each moving B/N bytes over
 every link at once, so a collective that all ranks enter together lasts
-``2(N-1) * (alpha + beta * B/N)``.  From the trace we take, for every collective
-instance (transaction id and step), its *service time*: the latest end over the ranks
-minus the moment the last rank was ready for it (its issue, and the end of the previous
-collective on that rank's communication queue).  We fit alpha, beta >= 0 by least squares
-on the per-transaction medians (docs/replayer.md has the derivation).
+``2(N-1) * (alpha + beta * B/N)``.  Collectives that overlap in time share the links
+(gloo runs several at once on its worker threads), so we fit on *busy periods*: per
+step, collectives are ordered by the moment the last rank started them; a period
+collects every collective that starts before all earlier ones of the period ended.
+A period of m collectives with B_total bytes that lasts T gives the sample
+``T = 2(N-1) * (m * alpha + beta * B_total / N)``, which is also what the replayer's
+FIFO links reproduce.  alpha, beta >= 0 by least absolute deviations, robust to a slow step (docs/replayer.md).
 """
 
 from __future__ import annotations
@@ -35,25 +37,45 @@ def ring_steps(n: int) -> int:
     return 2 * (n - 1)
 
 
-def fit_link_cost(samples: list[tuple[int, int, float]]) -> LinkCost | None:
-    """Fit from (bytes, ranks, service µs) samples; None when nothing usable."""
-    rows = [(b, n, t) for b, n, t in samples if n > 1 and t > 0 and b > 0]
+def fit_link_cost(samples: list[tuple[int, int, int, float]]) -> LinkCost | None:
+    """Fit from busy-period samples (collectives m, total bytes, ranks N, duration µs).
+
+    None when no sample is usable (no bytes, one rank, non-positive duration).
+    """
+    rows = [(m, b, n, t) for m, b, n, t in samples if n > 1 and t > 0 and b > 0 and m > 0]
     if not rows:
         return None
-    k = np.array([ring_steps(n) for _, n, _ in rows], dtype=float)
-    x = np.array([b / n for b, n, _ in rows], dtype=float)
-    y = np.array([t for _, _, t in rows], dtype=float)
-    alpha, beta = 0.0, 0.0
-    A = np.stack([k, k * x], axis=1)
-    if len(set(x.tolist())) > 1:
-        (alpha, beta), *_ = np.linalg.lstsq(A, y, rcond=None)
-    if len(set(x.tolist())) <= 1 or alpha < 0 or beta < 0:
-        # one size only, or a negative term: fall back to bandwidth only (then latency only)
-        kx = k * x
-        beta = float(kx @ y / (kx @ kx)) if kx @ kx > 0 else 0.0
-        alpha = 0.0
-        if beta <= 0:
-            alpha, beta = float(np.mean(y / k)), 0.0
-    pred = k * (alpha + beta * x)
+    k = np.array([ring_steps(n) for _, _, n, _ in rows], dtype=float)
+    cnt = np.array([m for m, _, _, _ in rows], dtype=float)
+    x = np.array([b / n for _, b, n, _ in rows], dtype=float)
+    y = np.array([t for _, _, _, t in rows], dtype=float)
+    a_col, b_col = k * cnt, k * x
+    alpha, beta = _lad_nonneg(np.stack([a_col, b_col], axis=1), y)
+    pred = a_col * alpha + b_col * beta
     err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
     return LinkCost(float(alpha), float(beta), len(rows), err)
+
+
+def _lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """min sum |A x - y| over x >= 0, A with two columns.
+
+    An L1 optimum lies on a line through two samples (or one sample with one coefficient
+    zero), so we enumerate those candidates; samples of the same shape are first reduced
+    to their median with a weight, which keeps the enumeration tiny.
+    """
+    shapes: dict[tuple[float, float], list[float]] = {}
+    for row, t in zip(A.tolist(), y.tolist()):
+        shapes.setdefault((row[0], row[1]), []).append(t)
+    S = np.array(list(shapes), dtype=float)
+    ys = np.array([np.median(v) for v in shapes.values()])
+    w = np.array([len(v) for v in shapes.values()], dtype=float)
+    cands = [np.array([0.0, v]) for v in ys / np.where(S[:, 1] > 0, S[:, 1], np.inf)]
+    cands += [np.array([v, 0.0]) for v in ys / np.where(S[:, 0] > 0, S[:, 0], np.inf)]
+    for i in range(len(S)):
+        for j in range(i + 1, len(S)):
+            M = S[[i, j]]
+            if abs(np.linalg.det(M)) > 1e-12 * max(1.0, np.abs(M).max() ** 2):
+                cands.append(np.linalg.solve(M, ys[[i, j]]))
+    ok = [c for c in cands if np.isfinite(c).all() and (c >= 0).all()]
+    best = min(ok, key=lambda c: (float(w @ np.abs(S @ c - ys)), float(c[0])))
+    return float(best[0]), float(best[1])

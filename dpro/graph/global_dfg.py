@@ -100,22 +100,35 @@ class GraphBuilder:
         )
 
 
-def _service_samples(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, float]]:
-    """(bytes, ranks, median service µs) per complete coarse AllReduce transaction."""
-    out = []
+def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, int, float]]:
+    """(collectives, total bytes, ranks, duration µs) per busy period of complete AllReduces.
+
+    A collective instance starts when its last rank started it and ends when its last rank
+    finished; overlapping instances of one step form one period (see comm_model).
+    """
+    inst: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
     for txn, members in groups.items():
-        per_step: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
-        nbytes = 0
+        nbytes = max(gt.nodes[n].ops[o].bytes for n, o in members)
+        per_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for node, op_id in members:
-            nbytes = max(nbytes, gt.nodes[node].ops[op_id].bytes)
-            for s, smp in stats[node][op_id].samples.items():
-                per_step[s].append(smp)
-        service = [
-            max(e for _, e, _ in v) - max(max(ts, p) for ts, _, p in v)
-            for v in per_step.values() if len(v) == len(members)
-        ]
-        if service and nbytes > 0:
-            out.append((nbytes, len(members), float(np.median(service))))
+            for s, (ts, end, _) in stats[node][op_id].samples.items():
+                per_step[s].append((ts, end))
+        for s, v in per_step.items():
+            if len(v) == len(members):
+                inst[s].append((max(t for t, _ in v), max(e for _, e in v), nbytes, len(members)))
+    out = []
+    for v in inst.values():
+        v.sort()
+        i = 0
+        while i < len(v):
+            t0, t1, nb, n = v[i]
+            m, j = 1, i + 1
+            while j < len(v) and v[j][0] < t1 and v[j][3] == n:
+                t1 = max(t1, v[j][1])
+                nb += v[j][2]
+                m, j = m + 1, j + 1
+            out.append((m, nb, n, t1 - t0))
+            i = j
     return out
 
 
@@ -141,7 +154,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
             complete[txn] = members
     cost = opts.link_cost
     if opts.expand_collectives and complete and cost is None:
-        cost = fit_link_cost(_service_samples(gt, stats, complete))
+        cost = fit_link_cost(_busy_periods(gt, stats, complete))
         if cost is None:
             info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
     info.link_cost = cost

@@ -6,7 +6,11 @@ start, ``dur = end - max(ts, P)`` is o's own time (time overlapped with a predec
 e.g. a collective that began before its peers joined, is not o's own).  The replayer
 charges ``gap + dur``, so replaying one profiled step with its own values reproduces the
 step exactly when the DFG holds every binding dependency.  Across steps we take the
-**median** of each (robust to one slow step).
+**mean** over a robust selection of steps (:func:`typical_steps`): a mean, because the
+sum of means along a path is the mean of the sums (taking each op's median, or a per-op
+trimmed mean, underestimates an iteration in which every step is slowed somewhere else);
+whole steps, not per-op samples, are trimmed, so that an outlier step among five or more
+does not move it.  The measured iteration time uses the same steps.
 """
 
 from __future__ import annotations
@@ -27,6 +31,17 @@ class OpStats:
     offset: float
     #: per-step samples: step -> (ts, end, P)
     samples: dict[int, tuple[float, float, float]]
+
+
+TRIM = 0.2
+
+
+def typical_steps(nodes: list[NodeTrace], steps: list[int], trim: float = TRIM) -> list[int]:
+    """``steps`` without the ``floor(trim * n)`` slowest and fastest (by slowest node)."""
+    dur = {s: max((nt.steps[s][1] for nt in nodes if s in nt.steps), default=0.0) for s in steps}
+    order = sorted(steps, key=lambda s: (dur[s], s))
+    k = int(trim * len(order))
+    return sorted(order[k : len(order) - k])
 
 
 def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpStats]:
@@ -57,8 +72,8 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
         ts, end, P = arr[:, 0], arr[:, 1], arr[:, 2]
         starts = np.array([nt.steps[s][0] if s in nt.steps else 0.0 for s in samples])
         out[op] = OpStats(
-            dur=float(np.median(np.maximum(0.0, end - np.maximum(ts, P)))),
-            gap=float(np.median(np.maximum(0.0, ts - P))),
+            dur=float(np.mean(np.maximum(0.0, end - np.maximum(ts, P)))),
+            gap=float(np.mean(np.maximum(0.0, ts - P))),
             offset=float(np.median(ts - starts)),
             samples=samples,
         )
@@ -66,10 +81,10 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
 
 
 def measured_iteration_us(nodes: list[NodeTrace], steps: list[int]) -> float | None:
-    """Median over steps of the slowest node's step duration (the framework's own marker)."""
+    """Mean over ``steps`` of the slowest node's step duration (the framework's marker)."""
     per_step = []
     for s in steps:
         durs = [nt.steps[s][1] for nt in nodes if s in nt.steps]
         if durs:
             per_step.append(max(durs))
-    return float(np.median(per_step)) if per_step else None
+    return float(np.mean(per_step)) if per_step else None

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dpro.errors import DproInputError
@@ -23,7 +24,7 @@ from dpro.gtrace.schema import (
     NodeTrace,
     Op,
 )
-from dpro.jsonio import read_json, write_json
+from dpro.jsonio import DIR_MODE, dump_json, not_a_dir_ancestor, read_json
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,20 @@ def _req(d: Any, key: str, typ: type | tuple[type, ...], where: Path, what: str)
     v = d[key]
     if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
         raise DproInputError(where, f"{what}: field '{key}' has the wrong type ({type(v).__name__})")
+    return v
+
+
+def _int_list(d: Any, key: str, where: Path, what: str) -> list[int]:
+    v = _req(d, key, list, where, what)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise DproInputError(where, f"{what}: field '{key}' must be a list of integers")
+    return v
+
+
+def _file_name(n: Any, key: str, where: Path, what: str) -> str:
+    v = _req(n, key, str, where, what)
+    if not v:
+        raise DproInputError(where, f"{what}: field '{key}' is empty")
     return v
 
 
@@ -66,24 +81,40 @@ def _parse_manifest(path: Path) -> Manifest:
                 role=role,
                 rank=_req(n, "rank", int, path, what),
                 host=_req(n, "host", str, path, what),
-                events=_req(n, "events", str, path, what),
-                dfg=_req(n, "dfg", str, path, what),
+                events=_file_name(n, "events", path, what),
+                dfg=_file_name(n, "dfg", path, what),
             )
         )
     if not nodes:
         raise DproInputError(path, "manifest lists no nodes")
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
-        raise DproInputError(path, "manifest lists a node name twice")
+        dup = next(x for x in names if names.count(x) > 1)
+        raise DproInputError(path, f"manifest lists node '{dup}' twice")
+    world_size = _req(m, "world_size", int, path, "manifest")
+    if world_size < 1:
+        raise DproInputError(path, f"manifest: world_size {world_size} must be at least 1")
+    seen: dict[tuple[str, int], str] = {}
+    for n in nodes:
+        if n.rank < 0:
+            raise DproInputError(path, f"node '{n.name}': negative rank {n.rank}")
+        if n.role == "worker" and n.rank >= world_size:
+            raise DproInputError(path, f"node '{n.name}': rank {n.rank} is outside world_size {world_size}")
+        if (n.role, n.rank) in seen:
+            raise DproInputError(path, f"nodes '{seen[n.role, n.rank]}' and '{n.name}' are both {n.role} rank {n.rank}")
+        seen[n.role, n.rank] = n.name
+    meta = m.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise DproInputError(path, f"manifest: field 'meta' has the wrong type ({type(meta).__name__})")
     return Manifest(
         framework=_req(m, "framework", str, path, "manifest"),
         scheme=scheme,
         library=_req(m, "library", str, path, "manifest"),
-        world_size=_req(m, "world_size", int, path, "manifest"),
+        world_size=world_size,
         nodes=nodes,
-        steps=[int(s) for s in _req(m, "steps", list, path, "manifest")],
+        steps=_int_list(m, "steps", path, "manifest"),
         version=version,
-        meta=m.get("meta") or {},
+        meta=meta,
     )
 
 
@@ -110,7 +141,7 @@ def _parse_op(d: Any, path: Path, i: int) -> Op:
         if d.get("peer") is not None:
             op.peer = _req(d, "peer", int, path, what)
         if d.get("group") is not None:
-            op.group = tuple(int(r) for r in _req(d, "group", list, path, what))
+            op.group = tuple(_int_list(d, "group", path, what))
     return op
 
 
@@ -131,6 +162,10 @@ def _parse_dfg(path: Path, node: NodeTrace) -> None:
         node.edges.append((e[0], e[1]))
 
 
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
 def _parse_events(path: Path, node: NodeTrace) -> None:
     d = read_json(path)
     evs = d.get("traceEvents") if isinstance(d, dict) else d
@@ -140,20 +175,25 @@ def _parse_events(path: Path, node: NodeTrace) -> None:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         args = e.get("args") or {}
+        if not isinstance(args, dict):
+            raise DproInputError(path, f"traceEvents[{i}]: 'args' is not an object")
         ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+        if not _is_num(ts) or not _is_num(dur):
             raise DproInputError(path, f"traceEvents[{i}]: 'ts'/'dur' missing or not numbers")
         if dur < 0:
             raise DproInputError(path, f"traceEvents[{i}] ({e.get('name')}): negative duration {dur}")
+        step = args.get("step", -1)
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise DproInputError(path, f"traceEvents[{i}]: args.step {step!r} is not an integer")
         if e.get("cat") == "STEP":
-            node.steps[int(args.get("step", -1))] = (float(ts), float(dur))
+            node.steps[step] = (float(ts), float(dur))
             continue
         op = args.get("op")
         if op is None:
             continue
-        if op not in node.ops:
-            raise DproInputError(path, f"traceEvents[{i}]: op '{op}' is not in the node's DFG")
-        node.events.append(Event(op=op, step=int(args.get("step", -1)), ts=float(ts), dur=float(dur)))
+        if not isinstance(op, str) or op not in node.ops:
+            raise DproInputError(path, f"traceEvents[{i}]: op {op!r} is not in the node's DFG")
+        node.events.append(Event(op=op, step=step, ts=float(ts), dur=float(dur)))
     if not node.events:
         raise DproInputError(path, "empty trace: no op events")
 
@@ -171,8 +211,11 @@ def load_gtrace(root: str | Path) -> GTrace:
     nodes: dict[str, NodeTrace] = {}
     for info in manifest.nodes:
         nt = NodeTrace(info=info)
-        _parse_dfg(root / info.dfg, nt)
-        _parse_events(root / info.events, nt)
+        for fname, parse in ((info.dfg, _parse_dfg), (info.events, _parse_events)):
+            f = root / fname
+            if not f.exists():
+                raise DproInputError(f, f"file not found ({MANIFEST} lists it for node '{info.name}')")
+            parse(f, nt)
         nodes[info.name] = nt
     gt = GTrace(manifest=manifest, nodes=nodes, source=str(root))
     validate(gt)
@@ -201,29 +244,69 @@ def node_events_json(nt: NodeTrace, pid: int) -> dict:
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False) -> Path:
+def _safe_name(name: str) -> bool:
+    """A relative file name that stays inside the gTrace directory."""
+    p = PurePosixPath(name)
+    return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name
+
+
+def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bool = True) -> Path:
     """Write ``gt`` as a gTrace directory.
 
-    Refuses to overwrite an existing non-empty directory unless ``force``; writes into a
-    temporary sibling first and swaps it in, so a failure never leaves half a trace.
+    Refuses to overwrite an existing non-empty directory unless ``force`` (and never
+    replaces a file); writes into a temporary sibling first and swaps it in, so a failure
+    never leaves half a trace and, with ``force``, keeps the old directory on failure.
+    With ``check`` (the default) the trace is validated first, so nothing is written that
+    ``load_gtrace`` would reject. File-system problems become a DproInputError naming
+    ``root``.
     """
+    from dpro.gtrace.validate import validate
+
     root = Path(root)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())) and not force:
+    if root.exists() and not root.is_dir():
+        raise DproInputError(root, "already exists and is not a directory")
+    if root.is_dir() and any(root.iterdir()) and not force:
         raise DproInputError(root, "already exists and is not empty (use --force to replace it)")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.tmp"))
+    blocker = not_a_dir_ancestor(root)
+    if blocker is not None:
+        raise DproInputError(root, f"cannot write: {blocker} is a file, not a directory")
+    if check:
+        validate(gt)
+    for info in gt.manifest.nodes:
+        if info.name not in gt.nodes:
+            raise DproInputError(root, f"manifest lists node '{info.name}' but the trace has no data for it")
+    tmp: Path | None = None
+    old: Path | None = None
     try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.tmp"))
+        os.chmod(tmp, DIR_MODE)
         for pid, info in enumerate(gt.manifest.nodes):
             nt = gt.nodes[info.name]
-            info.events = info.events or f"{info.name}.events.json.gz"
-            info.dfg = info.dfg or f"{info.name}.dfg.json.gz"
-            write_json(tmp / info.events, node_events_json(nt, pid))
-            write_json(tmp / info.dfg, {"ops": [o.to_json() for o in nt.ops.values()], "edges": [list(e) for e in nt.edges]})
-        write_json(tmp / MANIFEST, gt.manifest.to_json())
+            if not _safe_name(info.events):
+                info.events = f"{info.name}.events.json.gz"
+            if not _safe_name(info.dfg):
+                info.dfg = f"{info.name}.dfg.json.gz"
+            dump_json(tmp / info.events, node_events_json(nt, pid))
+            dump_json(tmp / info.dfg, {"ops": [o.to_json() for o in nt.ops.values()], "edges": [list(e) for e in nt.edges]})
+        dump_json(tmp / MANIFEST, gt.manifest.to_json())
         if root.exists():
-            shutil.rmtree(root)
+            old = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old"))
+            root.rename(old / "x")
         tmp.rename(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        tmp = None
+    except OSError as e:
+        raise DproInputError(root, f"cannot write: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            if not root.exists() and (old / "x").exists():
+                try:
+                    (old / "x").rename(root)  # the swap failed: put the old trace back
+                except OSError:
+                    log.warning("could not restore %s; the previous trace is kept in %s", root, old / "x")
+                    old = None
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     return root

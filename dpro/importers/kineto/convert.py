@@ -96,7 +96,9 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
     return steps, [s for s in segs if s.step >= 0] + [k for k in gpu if k.step >= 0] + comm, gpu, pairs
 
 
-def _step_edges(segs: list[Seg], pairs: list[tuple[Seg, Seg]]) -> tuple[dict[str, list[Seg]], list[deps.Edge]]:
+def _step_edges(
+    segs: list[Seg], pairs: list[tuple[Seg, Seg]]
+) -> tuple[dict[str, list[Seg]], list[deps.Edge], list[deps.Edge]]:
     by_dev = deps.group_by_device(segs)
     gpu = [s for s in segs if s.dev.startswith("gpu")]
     edges = deps.chain_edges(by_dev) + deps.launch_edges(segs, gpu)
@@ -108,12 +110,35 @@ def _step_edges(segs: list[Seg], pairs: list[tuple[Seg, Seg]]) -> tuple[dict[str
     for issue, c in pairs:
         if c.dev == "comm":
             by_thread[issue.dev].append((issue, c))
-    for dev, colls in by_thread.items():
-        edges += deps.consumer_edges(by_dev.get(dev, []), colls)
+    consumers = [e for dev, colls in by_thread.items() for e in deps.consumer_edges(by_dev.get(dev, []), colls)]
     edges += deps.stream_wait_edges(by_dev, launch_end)
     edges += deps.sync_edges(segs, gpu)
     edges += deps.handoff_edges(by_dev)
-    return by_dev, edges
+    return by_dev, edges, consumers
+
+
+def _reconcile_consumers(built: dict, kept: list[int]) -> None:
+    """Give each collective the same consumer in every step: the latest one found.
+
+    Per step the consumer found is never later than the true one (the true consumer cannot
+    start before the collective ends), so the latest over steps is the best estimate; an
+    earlier pick came from a gap that merely coincided with the collective's end.  Adds
+    the edges and clips each collective's end to its consumer's start.
+    """
+    pos: dict[tuple[str, int], tuple[str, int]] = {}
+    for st in kept:
+        by_dev, _, consumers = built[st]
+        index = {id(s): (d, k) for d, ss in by_dev.items() for k, s in enumerate(ss)}
+        for c, o in consumers:
+            key, val = index[id(c)], index[id(o)]
+            if key not in pos or val[1] > pos[key][1]:
+                pos[key] = val
+    for st in kept:
+        by_dev, edges, _ = built[st]
+        for (cdev, ck), (odev, ok) in pos.items():
+            c, o = by_dev[cdev][ck], by_dev[odev][ok]
+            c.end = max(c.ts, min(c.end, o.ts))
+            edges.append((c, o))
 
 
 def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
@@ -137,6 +162,7 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     sigs = Counter(_signature(b[0]) for b in built.values())
     ref_sig = sigs.most_common(1)[0][0]
     kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
+    _reconcile_consumers(built, kept)
     dropped = sorted(set(built) - set(kept))
     if dropped:
         notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {kept}; replaying {kept}")
@@ -147,7 +173,7 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     # timeline: heuristic edges that disagree between steps can then never form a cycle.
     order: dict[str, int] = {}
     for st in kept:
-        by_dev, edges = built[st]
+        by_dev, edges, _ = built[st]
         ids: dict[int, str] = {}
         for dev, ss in by_dev.items():
             for k, s in enumerate(ss):

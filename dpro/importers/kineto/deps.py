@@ -64,9 +64,7 @@ def consumer_edges(thread: list[Seg], colls: list[tuple[Seg, Seg]]) -> list[Edge
             chosen = bisect.bisect_left(starts, c.end, lo=i0)
             if chosen >= len(thread):
                 continue
-        o = thread[chosen]
-        c.end = max(c.ts, min(c.end, o.ts))
-        out.append((c, o))
+        out.append((c, thread[chosen]))
         lo = chosen
     return out
 

@@ -11,6 +11,8 @@ from dpro.jsonio import read_json
 
 DEFAULT_RANK_PATTERN = r"rank[-_]?(\d+)"
 _TRACE_SUFFIXES = (".json", ".json.gz")
+#: Event categories the importer turns into ops (see segments.py); a rank file needs one.
+OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime")
 
 
 @dataclass
@@ -31,10 +33,51 @@ def trace_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise DproInputError(path, "no such file or directory")
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES))
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES))
+    except OSError as e:
+        raise DproInputError(path, f"cannot read directory: {e.strerror or e}") from None
     if not files:
         raise DproInputError(path, "no trace files (*.json, *.json.gz) in this directory")
     return files
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _check_events(path: Path, evs: list) -> None:
+    """Complete ('X') events must be well-formed: the importer relies on it."""
+    has_op = False
+    for i, e in enumerate(evs):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        name = e.get("name")
+        what = f"traceEvents[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+        ts, dur = e.get("ts"), e.get("dur", 0)
+        if not _is_num(ts):
+            raise DproInputError(path, f"{what}: 'ts' is missing or not a number ({ts!r})")
+        if not _is_num(dur):
+            raise DproInputError(path, f"{what}: 'dur' is not a number ({dur!r})")
+        if dur < 0:
+            raise DproInputError(path, f"{what}: negative duration {dur}")
+        if "args" in e and e["args"] is not None and not isinstance(e["args"], dict):
+            raise DproInputError(path, f"{what}: 'args' is not an object")
+        for k in ("pid", "tid"):
+            if k in e and not isinstance(e[k], (int, str)):
+                raise DproInputError(path, f"{what}: '{k}' is neither a number nor a string")
+        has_op = has_op or e.get("cat") in OP_CATS
+    if not has_op:
+        cats = sorted({str(e.get("cat")) for e in evs if isinstance(e, dict) and e.get("ph") == "X"})
+        raise DproInputError(
+            path,
+            f"empty trace: no operator events (no 'X' events of category {', '.join(OP_CATS[:4])}, ...; "
+            f"categories found: {', '.join(cats)})",
+        )
 
 
 def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
@@ -47,17 +90,24 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     events = [e for e in d["traceEvents"] if isinstance(e, dict)]
     if not any(e.get("ph") == "X" for e in events):
         raise DproInputError(path, "empty trace: no complete ('X') events")
+    _check_events(path, d["traceEvents"])
     info = d.get("distributedInfo") if isinstance(d.get("distributedInfo"), dict) else {}
     rank = info.get("rank")
-    if not isinstance(rank, int):
+    if not _is_int(rank):
         m = re.search(rank_pattern, path.name)
-        rank = int(m.group(1)) if m else index
+        rank = int(m.group(1)) if m and m.groups() and m.group(1) and m.group(1).isdigit() else index
+    if rank < 0:
+        raise DproInputError(path, f"distributedInfo: negative rank {rank}")
     ws = info.get("world_size")
+    ws = ws if _is_int(ws) and ws > 0 else None
+    if ws is not None and rank >= ws:
+        raise DproInputError(path, f"rank {rank} is outside world_size {ws} (distributedInfo)")
+    backend = info.get("backend")
     return RankFile(
         path=path,
         rank=rank,
-        world_size=ws if isinstance(ws, int) else None,
-        backend=info.get("backend"),
+        world_size=ws,
+        backend=backend if isinstance(backend, str) else None,
         events=events,
         meta={k: d[k] for k in ("deviceProperties", "host_name") if k in d},
     )
@@ -75,4 +125,10 @@ def load_rank_files(path: Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> lis
         if r.rank in seen:
             raise DproInputError(r.path, f"rank {r.rank} also in {seen[r.rank].name} (set --rank-pattern?)")
         seen[r.rank] = r.path
+    sized = [r for r in ranks if r.world_size is not None]
+    for r in sized[1:]:
+        if r.world_size != sized[0].world_size:
+            raise DproInputError(
+                r.path, f"world_size {r.world_size}, but {sized[0].path.name} says {sized[0].world_size}: not one job"
+            )
     return sorted(ranks, key=lambda r: r.rank)

@@ -1,0 +1,1 @@
+"""To come: see the project's issues."""
