@@ -118,21 +118,19 @@ def _step_edges(
 
 
 def _reconcile_consumers(built: dict, kept: list[int]) -> None:
-    """Give each collective the same consumer in every step: the latest one found.
+    """Give each collective the same consumer in every step: the one found most often.
 
-    Per step the consumer found is never later than the true one (the true consumer cannot
-    start before the collective ends), so the latest over steps is the best estimate; an
-    earlier pick came from a gap that merely coincided with the collective's end.  Adds
-    the edges and clips each collective's end to its consumer's start.
+    A gap that merely coincides with a collective's end in one step must not become a
+    dependency; ties go to the later op (the less constraining one).  Adds the edges and
+    clips each collective's end to its consumer's start.
     """
-    pos: dict[tuple[str, int], tuple[str, int]] = {}
+    votes: dict[tuple[str, int], Counter] = defaultdict(Counter)
     for st in kept:
         by_dev, _, consumers = built[st]
         index = {id(s): (d, k) for d, ss in by_dev.items() for k, s in enumerate(ss)}
         for c, o in consumers:
-            key, val = index[id(c)], index[id(o)]
-            if key not in pos or val[1] > pos[key][1]:
-                pos[key] = val
+            votes[index[id(c)]][index[id(o)]] += 1
+    pos = {key: max(v.items(), key=lambda kv: (kv[1], kv[0][1]))[0] for key, v in votes.items()}
     for st in kept:
         by_dev, edges, _ = built[st]
         for (cdev, ck), (odev, ok) in pos.items():

@@ -33,39 +33,43 @@ def launch_edges(segs: list[Seg], gpu: list[Seg]) -> list[Edge]:
 
 
 def consumer_edges(thread: list[Seg], colls: list[tuple[Seg, Seg]]) -> list[Edge]:
-    """Collective -> the op on the issuing thread that waited for it.
+    """Collective -> the op on the issuing thread that waited for it, in one step.
 
-    ``colls`` are (issue segment, collective) pairs in issue order.  The consumer of a
-    collective is the first op after its issue (and not before the previous consumer)
-    that starts after a gap which the collective's end falls into, within a tolerance
-    (record functions of communication threads can close late); failing that, the first
-    op starting after the collective ends.  A collective's end is clipped to its
-    consumer's start.
+    ``colls`` are (issue segment, collective) pairs in issue order.  Candidates are the ops
+    after the issue (and not before the previous collective's consumer) that follow a gap
+    of at least ``MIN_WAIT_GAP_US``: a blocked thread shows as such a gap.  The consumer is
+    the candidate whose gap is nearest to the collective's end (distance 0 when the end
+    falls inside the gap, or up to max(200 µs, 5 %) after it, because the record function
+    of a communication thread can close late); without candidates, the first op that
+    starts after the collective ends.  The caller reconciles steps and clips the
+    collective's end to its consumer's start.
     """
     if not thread:
         return []
     index = {id(s): i for i, s in enumerate(thread)}
     starts = [s.ts for s in thread]
+    gaps = [i for i in range(1, len(thread)) if thread[i].ts - thread[i - 1].end >= MIN_WAIT_GAP_US]
     out: list[Edge] = []
     lo = 0
     for issue, c in colls:
         i0 = max(lo, index.get(id(issue), -1) + 1)
         tol = max(200.0, 0.05 * (c.end - c.ts))
-        chosen = None
-        for i in range(i0, len(thread)):
-            o = thread[i]
-            if o.ts > c.end + tol:
-                break
-            gap_start = thread[i - 1].end if i > 0 else o.ts
-            if o.ts - gap_start >= MIN_WAIT_GAP_US and gap_start <= c.end + tol and o.ts >= c.end - tol:
-                chosen = i
-                break
-        if chosen is None:
-            chosen = bisect.bisect_left(starts, c.end, lo=i0)
-            if chosen >= len(thread):
+        best, best_d = None, float("inf")
+        for i in gaps:
+            if i < i0:
                 continue
-        out.append((c, thread[chosen]))
-        lo = chosen
+            g0, g1 = thread[i - 1].end, thread[i].ts
+            d = 0.0 if g0 <= c.end <= g1 + tol else min(abs(c.end - g0), abs(c.end - g1))
+            if d < best_d:
+                best, best_d = i, d
+            if g0 > c.end + tol:
+                break
+        if best is None:
+            best = bisect.bisect_left(starts, c.end, lo=i0)
+            if best >= len(thread):
+                continue
+        out.append((c, thread[best]))
+        lo = best
     return out
 
 

@@ -95,7 +95,12 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     rank = info.get("rank")
     if not _is_int(rank):
         m = re.search(rank_pattern, path.name)
-        rank = int(m.group(1)) if m and m.groups() and m.group(1) and m.group(1).isdigit() else index
+        if m and m.groups() and m.group(1) is not None:
+            if not re.fullmatch(r"[0-9]+", m.group(1)):
+                raise DproInputError(path, f"--rank-pattern matched '{m.group(1)}' in the file name, which is not a rank")
+            rank = int(m.group(1))
+        else:
+            rank = index
     if rank < 0:
         raise DproInputError(path, f"distributedInfo: negative rank {rank}")
     ws = info.get("world_size")
@@ -116,9 +121,11 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
 def load_rank_files(path: Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> list[RankFile]:
     """All rank files of a Kineto directory, sorted by rank; duplicate ranks are an error."""
     try:
-        re.compile(rank_pattern)
+        groups = re.compile(rank_pattern).groups
     except re.error as e:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': {e}") from None
+    if groups < 1:
+        raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': needs a group, e.g. rank(\\d+)")
     ranks = [load_rank_file(p, rank_pattern, i) for i, p in enumerate(trace_files(path))]
     seen: dict[int, Path] = {}
     for r in ranks:
