@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,14 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except DproInputError as e:
             _fail(e)
+        except OSError as e:  # e.g. stdout on a full disk or a closed pipe
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            if isinstance(e, BrokenPipeError):
+                sys.exit(1)
+            _fail(DproInputError(e.filename, e.strerror or str(e)))
         except KeyboardInterrupt:
             click.echo("dpro: interrupted", err=True)
             sys.exit(130)

@@ -11,7 +11,11 @@ from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
 
 
 def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GTrace:
-    """Load ``path`` as gTrace if it has a manifest, else import it as Kineto traces."""
+    """Load ``path`` as gTrace if it has a manifest, else import it as Kineto traces.
+
+    Either way the result has passed the gTrace checks (dpro.gtrace.validate).
+    """
+    from dpro.gtrace.validate import validate
     from dpro.importers.kineto import import_kineto, is_kineto_path
 
     p = Path(path)
@@ -19,6 +23,12 @@ def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GT
         raise DproInputError(p, "no such file or directory")
     if is_gtrace(p):
         return load_gtrace(p)
-    if is_kineto_path(p):
-        return import_kineto(p, rank_pattern)
+    try:
+        kineto = is_kineto_path(p)
+    except OSError as e:
+        raise DproInputError(p, f"cannot read: {e.strerror or e}") from None
+    if kineto:
+        gt = import_kineto(p, rank_pattern)
+        validate(gt)
+        return gt
     raise DproInputError(p, "neither a gTrace directory (manifest.json) nor torch.profiler traces (*.json[.gz])")

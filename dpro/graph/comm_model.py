@@ -77,5 +77,7 @@ def _lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
             if abs(np.linalg.det(M)) > 1e-12 * max(1.0, np.abs(M).max() ** 2):
                 cands.append(np.linalg.solve(M, ys[[i, j]]))
     ok = [c for c in cands if np.isfinite(c).all() and (c >= 0).all()]
-    best = min(ok, key=lambda c: (float(w @ np.abs(S @ c - ys)), float(c[0])))
+    err = np.array([float(w @ np.abs(S @ c - ys)) for c in ok])
+    tied = [c for c, e in zip(ok, err) if e <= err.min() * (1 + 1e-9) + 1e-9 * float(ys.max())]
+    best = min(tied, key=lambda c: float(c[0]))  # among equally good fits, the least latency
     return float(best[0]), float(best[1])

@@ -45,7 +45,7 @@ def typical_steps(nodes: list[NodeTrace], steps: list[int], trim: float = TRIM) 
 
 
 def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpStats]:
-    """Median ``dur``/``gap`` of every op of a node over ``steps`` (default: all)."""
+    """Mean ``dur``/``gap`` of every op of a node over ``steps`` (default: all)."""
     use = set(steps) if steps else set(nt.steps)
     ev: dict[tuple[str, int], tuple[float, float]] = {}
     for e in nt.events:

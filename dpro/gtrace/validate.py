@@ -19,7 +19,11 @@ def _error(gt: GTrace, node: str, which: str, problem: str) -> DproInputError:
     fname = info.dfg if which == "dfg" else info.events
     if gt.source and fname:
         return DproInputError(Path(gt.source) / fname, problem)
-    source = gt.source or (gt.manifest.meta or {}).get("source")
+    meta = gt.manifest.meta or {}
+    files = meta.get("files")  # node -> the file it was imported from, when an importer says
+    if isinstance(files, dict) and isinstance(files.get(node), str):
+        return DproInputError(files[node], f"{node} (rank {info.rank}): {problem}")
+    source = gt.source or meta.get("source")
     return DproInputError(source or node, f"{node} (rank {info.rank}): {problem}" if source else problem)
 
 

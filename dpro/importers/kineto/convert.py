@@ -53,6 +53,31 @@ def _classify(segs: list[Seg]) -> None:
             s.cat = "FW" if s.ts < first_bw.get(s.step, float("inf")) else "OTHER"
 
 
+def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float, float]]) -> list[tuple[Seg, Seg]]:
+    """Pair the k-th collective issue of a step with the k-th gloo execution of that step.
+
+    An execution belongs to the step whose window (extended to the next step's start) holds
+    its start; pairing never crosses a step boundary, so one missing execution costs one
+    step (dropped later for its different structure), not every later step.
+    """
+    order = sorted(steps)
+    starts = [steps[s][0] for s in order]
+    by_step: dict[int, list[Seg]] = defaultdict(list)
+    for c in sorted(gloo, key=lambda c: c.ts):
+        i = bisect.bisect_right(starts, c.ts) - 1
+        if i >= 0:
+            by_step[order[i]].append(c)
+    issued: dict[int, list[Seg]] = defaultdict(list)
+    for s in issues:
+        issued[s.step].append(s)
+    pairs = []
+    for st, iss in issued.items():
+        for issue, c in zip(iss, by_step.get(st, [])):
+            c.step = st
+            pairs.append((issue, c))
+    return pairs
+
+
 def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:
     """All segments of a rank with steps and categories; plus (issue, collective) pairs."""
     steps = find_steps(rf)
@@ -80,14 +105,7 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
     issues = sorted((s for s in segs if s.issue and s.step >= 0), key=lambda s: s.end)
     nccl_issuers = {id(launcher[k.corr]) for k in gpu if k.cat == "COMM" and k.corr in launcher}
     gloo_issues = [s for s in issues if id(s) not in nccl_issuers]
-    j = 0
-    for c in sorted(gloo, key=lambda c: c.ts):
-        while j < len(gloo_issues) and gloo_issues[j].ts > c.ts + 1.0:
-            break
-        if j < len(gloo_issues):
-            c.step = gloo_issues[j].step
-            pairs.append((gloo_issues[j], c))
-            j += 1
+    pairs += _pair_gloo(gloo_issues, gloo, steps)
     for k in gpu:
         if k.cat == "COMM" and k.corr in launcher:
             pairs.append((launcher[k.corr], k))
@@ -157,6 +175,8 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     for s in segs:
         per_step[s.step].append(s)
     built = {st: _step_edges(ss, per_step_pairs.get(st, [])) for st, ss in per_step.items()}
+    if not built:
+        raise DproInputError(rf.path, "empty trace: no operator events inside the profiled steps")
     sigs = Counter(_signature(b[0]) for b in built.values())
     ref_sig = sigs.most_common(1)[0][0]
     kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
@@ -235,7 +255,7 @@ def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) ->
             nt = convert_rank(rf, notes)
         except DproInputError:
             raise
-        except (KeyError, ValueError, TypeError, IndexError) as e:
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
             raise DproInputError(rf.path, f"cannot interpret this Kineto trace ({type(e).__name__}: {e})") from None
         if not any(ev.op != f"{STEP_END}@cpu:main" for ev in nt.events):
             raise DproInputError(rf.path, "empty trace: no operator events inside the profiled steps")
@@ -256,7 +276,7 @@ def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) ->
         world_size=world,
         nodes=[nt.info for nt in nodes.values()],
         steps=common,
-        meta={"importer": "kineto", "source": str(path)},
+        meta={"importer": "kineto", "source": str(path), "files": {nt.info.name: str(rf.path) for nt, rf in zip(nodes.values(), rfs)}},
     )
     for nt in nodes.values():
         nt.info.events = ""
