@@ -10,7 +10,8 @@ from pathlib import Path
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
-from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files
+from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files, trace_files
+from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel
 
 log = logging.getLogger(__name__)
@@ -244,13 +245,23 @@ _SUB_OP = {
 }
 
 
-def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GTrace:
-    """Read a directory (or one file) of torch.profiler traces as a GTrace."""
+def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, progress: bool | None = None) -> GTrace:
+    """Read a directory (or one file) of torch.profiler traces as a GTrace.
+
+    ``progress``: show a progress bar on stderr (default: when stderr is a terminal).
+    """
     path = Path(path)
-    rfs = load_rank_files(path, rank_pattern)
+    n_files = len(trace_files(path))
+    with progress_bar(2 * n_files, "importing traces", enabled=progress) as tick:
+        rfs = load_rank_files(path, rank_pattern, tick)
+        return _convert_all(path, rfs, tick)
+
+
+def _convert_all(path: Path, rfs: list[RankFile], tick) -> GTrace:
     notes: list[str] = []
     nodes = {}
     for rf in rfs:
+        tick(rf.path.name)
         try:
             nt = convert_rank(rf, notes)
         except DproInputError:

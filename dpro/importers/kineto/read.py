@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,15 +119,24 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     )
 
 
-def load_rank_files(path: Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> list[RankFile]:
-    """All rank files of a Kineto directory, sorted by rank; duplicate ranks are an error."""
+def load_rank_files(
+    path: Path, rank_pattern: str = DEFAULT_RANK_PATTERN, tick: Callable[[str], None] | None = None
+) -> list[RankFile]:
+    """All rank files of a Kineto directory, sorted by rank; duplicate ranks are an error.
+
+    ``tick(file name)`` is called after each file is loaded (progress reporting).
+    """
     try:
         groups = re.compile(rank_pattern).groups
     except re.error as e:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': {e}") from None
     if groups < 1:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': needs a group, e.g. rank(\\d+)")
-    ranks = [load_rank_file(p, rank_pattern, i) for i, p in enumerate(trace_files(path))]
+    ranks = []
+    for i, p in enumerate(trace_files(path)):
+        ranks.append(load_rank_file(p, rank_pattern, i))
+        if tick:
+            tick(p.name)
     seen: dict[int, Path] = {}
     for r in ranks:
         if r.rank in seen:
