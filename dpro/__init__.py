@@ -5,3 +5,14 @@ The package does no work at import time; import the submodules you need
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Recorder", "profile"]
+
+
+def __getattr__(name: str):
+    """``dpro.Recorder`` / ``dpro.profile`` without importing any framework at ``import dpro``."""
+    if name in ("Recorder", "profile"):
+        from dpro.profiler import recorder
+
+        return getattr(recorder, name)
+    raise AttributeError(f"module 'dpro' has no attribute {name!r}")

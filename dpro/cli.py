@@ -113,6 +113,61 @@ def validate(path: Path, rank_pattern: str) -> None:
         click.echo(f"  note: {note}")
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("dpro_traces"), show_default=True,
+              help="gTrace directory to write (the ranks' raw traces go to OUTPUT/raw).")
+@click.option("--warmup", default=5, show_default=True, help="Calls of the step function before profiling.")
+@click.option("--steps", default=5, show_default=True, help="Calls of the step function to profile.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def profile(output: Path, warmup: int, steps: int, force: bool, command: tuple[str, ...]) -> None:
+    """Run a training COMMAND with dpro recording on, and collect one gTrace.
+
+    \b
+    The training script must use the recorder (two lines):
+        recorder = dpro.Recorder(model)
+        @dpro.profile(recorder)
+        def train_one_step(...): ...
+    \b
+    Examples:
+        dpro profile -o traces/ -- torchrun --nproc_per_node 2 train.py --epochs 1
+        dpro profile -o traces/ -- horovodrun -np 2 --gloo python train.py
+        dpro profile train.py            # runs `python train.py`, writes ./dpro_traces
+    \b
+    The job's output and exit code pass through. If it fails, what was recorded before is
+    kept. Several hosts: run `dpro profile` on each, then `dpro collect` their OUTPUT/raw.
+    """
+    from dpro.profiler.launcher import profile_job
+
+    if warmup < 0 or steps < 1:
+        raise click.BadParameter("need --warmup >= 0 and --steps >= 1")
+    res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force)
+    click.echo(f"dpro: {res.message}", err=True)
+    if res.out is not None:
+        click.echo(f"dpro: next: dpro replay {res.out}", err=True)
+    sys.exit(res.returncode)
+
+
+@cli.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="gTrace directory to write.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
+    """Merge the recordings of several hosts (each host's OUTPUT/raw) into one gTrace."""
+    import tempfile
+
+    from dpro.gtrace.io import write_gtrace
+    from dpro.profiler.collect import collect as collect_raw, merge_dirs
+
+    with tempfile.TemporaryDirectory(prefix="dpro-merge-") as tmp:
+        merge_dirs(list(dirs), Path(tmp))
+        gt = collect_raw(Path(tmp))
+    write_gtrace(gt, output, force=force)
+    click.echo(f"wrote {output} ({len(gt.nodes)} ranks)")
+    for note in gt.notes:
+        click.echo(f"  note: {note}")
+
+
 @cli.group(name="import")
 def import_() -> None:
     """Convert traces from other tools into a gTrace directory."""

@@ -35,8 +35,8 @@ def ddp_trace(tmp_path_factory) -> Path:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-        str(TRAIN), "--model", "mlp", "--batch-size", "16", "--warmup", "3", "--steps", "9",
-        "--active", "5", "--bucket-cap-mb", "10", "--profile-dir", str(out),
+        str(TRAIN), "--model", "mlp", "--batch-size", "16", "--warmup", "3", "--steps", "11",
+        "--active", "7", "--bucket-cap-mb", "10", "--profile-dir", str(out),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -11,6 +11,7 @@ from dpro.gtrace.schema import (
     NodeInfo,
     NodeTrace,
     Op,
+    Tensor,
 )
 from dpro.gtrace.io import load_gtrace, write_gtrace
 
@@ -25,6 +26,7 @@ __all__ = [
     "NodeInfo",
     "NodeTrace",
     "Op",
+    "Tensor",
     "load_gtrace",
     "write_gtrace",
 ]

@@ -23,6 +23,7 @@ from dpro.gtrace.schema import (
     NodeInfo,
     NodeTrace,
     Op,
+    Tensor,
 )
 from dpro.jsonio import DIR_MODE, dump_json, not_a_dir_ancestor, read_json
 
@@ -129,6 +130,8 @@ def _parse_op(d: Any, path: Path, i: int) -> Op:
         cat=cat,
         device=_req(d, "device", str, path, what),
     )
+    if d.get("layer") is not None:
+        op.layer = _req(d, "layer", str, path, what)
     if cat == "COMM":
         op.sub_op = _req(d, "sub_op", str, path, what)
         if op.sub_op not in SUB_OPS:
@@ -160,6 +163,23 @@ def _parse_dfg(path: Path, node: NodeTrace) -> None:
             if x not in node.ops:
                 raise DproInputError(path, f"edges[{i}]: unknown op '{x}'")
         node.edges.append((e[0], e[1]))
+    for i, t in enumerate(d.get("tensors") or []):
+        what = f"tensors[{i}]"
+        ten = Tensor(
+            name=_req(t, "name", str, path, what),
+            bytes=_req(t, "bytes", int, path, what),
+            shape=tuple(_int_list(t, "shape", path, what)) if t.get("shape") is not None else (),
+            dtype=str(t.get("dtype", "float32")),
+            producer=t.get("producer"),
+            txn=t.get("txn"),
+        )
+        if ten.bytes < 0:
+            raise DproInputError(path, f"{what} ({ten.name}): negative bytes")
+        if ten.producer is not None and ten.producer not in node.ops:
+            raise DproInputError(path, f"{what} ({ten.name}): producer '{ten.producer}' is not in the DFG")
+        node.tensors.append(ten)
+    if isinstance(d.get("meta"), dict):
+        node.meta = d["meta"]
 
 
 def _is_num(x: Any) -> bool:
@@ -288,7 +308,12 @@ def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bo
             if not _safe_name(info.dfg):
                 info.dfg = f"{info.name}.dfg.json.gz"
             dump_json(tmp / info.events, node_events_json(nt, pid))
-            dump_json(tmp / info.dfg, {"ops": [o.to_json() for o in nt.ops.values()], "edges": [list(e) for e in nt.edges]})
+            dfg = {"ops": [o.to_json() for o in nt.ops.values()], "edges": [list(e) for e in nt.edges]}
+            if nt.tensors:
+                dfg["tensors"] = [t.to_json() for t in nt.tensors]
+            if nt.meta:
+                dfg["meta"] = nt.meta
+            dump_json(tmp / info.dfg, dfg)
         dump_json(tmp / MANIFEST, gt.manifest.to_json())
         if root.exists():
             old = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old"))

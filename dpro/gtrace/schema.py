@@ -48,9 +48,13 @@ class Op:
     txn: str | None = None
     peer: int | None = None
     group: tuple[int, ...] | None = None
+    #: the model layer (module path) the op belongs to, when the profiler knows it
+    layer: str | None = None
 
     def to_json(self) -> dict:
         d: dict = {"id": self.id, "name": self.name, "cat": self.cat, "device": self.device}
+        if self.layer is not None:
+            d["layer"] = self.layer
         if self.cat == "COMM":
             d.update(sub_op=self.sub_op, tensor=self.tensor, bytes=self.bytes, txn=self.txn)
             if self.peer is not None:
@@ -92,6 +96,28 @@ class NodeInfo:
         }
 
 
+@dataclass(slots=True)
+class Tensor:
+    """A gradient tensor: what is synchronised, where it is produced, how it travels."""
+
+    name: str
+    bytes: int
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    #: the local op that produces it (e.g. its AccumulateGrad), if known
+    producer: str | None = None
+    #: the COMM transaction (bucket / fused group) that carries it, if known
+    txn: str | None = None
+
+    def to_json(self) -> dict:
+        d: dict = {"name": self.name, "bytes": self.bytes, "shape": list(self.shape), "dtype": self.dtype}
+        if self.producer is not None:
+            d["producer"] = self.producer
+        if self.txn is not None:
+            d["txn"] = self.txn
+        return d
+
+
 @dataclass
 class NodeTrace:
     """Everything recorded for one node: local DFG, events, step windows."""
@@ -102,6 +128,10 @@ class NodeTrace:
     events: list[Event] = field(default_factory=list)
     #: step -> (start µs, duration µs) as measured by the framework's step marker.
     steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: gradient tensors (recorded by dpro's profiler; empty for imported traces)
+    tensors: list[Tensor] = field(default_factory=list)
+    #: what the profiler knew about the node (optimizer type, versions, ...)
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -54,6 +54,14 @@ def _classify(segs: list[Seg]) -> None:
             s.cat = "FW" if s.ts < first_bw.get(s.step, float("inf")) else "OTHER"
 
 
+def _backward_layers(segs: list[Seg]) -> None:
+    """A backward op belongs to the layer of the forward op with its autograd sequence number."""
+    layer_of = {q: s.layer for s in segs if s.layer is not None for q in s.seqs}
+    for s in segs:
+        if s.layer is None and s.cat == "BW":
+            s.layer = next((layer_of[q] for q in s.seqs if q in layer_of), None)
+
+
 def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float, float]]) -> list[tuple[Seg, Seg]]:
     """Pair the k-th collective issue of a step with the k-th gloo execution of that step.
 
@@ -111,6 +119,7 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
         if k.cat == "COMM" and k.corr in launcher:
             pairs.append((launcher[k.corr], k))
     pairs.sort(key=lambda p: p[0].end)
+    _backward_layers(segs)
     comm = [c for _, c in pairs if c.dev == "comm"]
     return steps, [s for s in segs if s.step >= 0] + [k for k in gpu if k.step >= 0] + comm, gpu, pairs
 
@@ -169,9 +178,12 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     per_step_pairs: dict[int, list[tuple[Seg, Seg]]] = defaultdict(list)
     for p in pairs:
         per_step_pairs[p[1].step].append(p)
+    bucket_of: dict[int, int] = {}
     for st, ps in per_step_pairs.items():
-        for j, (_, c) in enumerate(ps):
+        for j, (issue, c) in enumerate(ps):
             txn_of[id(c)] = f"{c.coll}.{j}"
+            if issue.bucket is not None:
+                bucket_of[id(c)] = issue.bucket
     per_step: dict[int, list[Seg]] = defaultdict(list)
     for s in segs:
         per_step[s.step].append(s)
@@ -199,10 +211,13 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
                 oid = f"{s.name}@{dev}#{k}"
                 ids[id(s)] = oid
                 if oid not in nt.ops:
-                    op = Op(id=oid, name=s.name, cat=s.cat or "OTHER", device=dev)
+                    op = Op(id=oid, name=s.name, cat=s.cat or "OTHER", device=dev, layer=s.layer)
                     if s.cat == "COMM" and s.coll is not None:
                         op.sub_op = _SUB_OP.get(s.coll, "ALLREDUCE")
-                        op.tensor = f"{s.coll}.{txn_of.get(id(s), k).split('.')[-1]}"
+                        op.tensor = (
+                            f"bucket{bucket_of[id(s)]}" if id(s) in bucket_of
+                            else f"{s.coll}.{txn_of.get(id(s), k).split('.')[-1]}"
+                        )
                         op.bytes = s.nbytes
                         op.txn = txn_of.get(id(s), f"{s.coll}.{k}")
                         op.group = s.group

@@ -12,6 +12,8 @@ from dpro.jsonio import read_json
 
 DEFAULT_RANK_PATTERN = r"rank[-_]?(\d+)"
 _TRACE_SUFFIXES = (".json", ".json.gz")
+#: per-rank metadata written by dpro's recorder beside the traces (not a trace)
+META_SUFFIX = ".meta.json"
 #: Event categories the importer turns into ops (see segments.py); a rank file needs one.
 OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime")
 
@@ -35,7 +37,10 @@ def trace_files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise DproInputError(path, "no such file or directory")
     try:
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES))
+        files = sorted(
+            p for p in path.iterdir()
+            if p.is_file() and p.name.endswith(_TRACE_SUFFIXES) and not p.name.endswith(META_SUFFIX)
+        )
     except OSError as e:
         raise DproInputError(path, f"cannot read directory: {e.strerror or e}") from None
     if not files:

@@ -24,6 +24,9 @@ SYNC_CALLS = {
     "cudaEventSynchronize": "event",
     "cudaMemcpy": "device",
 }
+#: annotations written by dpro's own recorder (dpro/profiler/torch_backend.py)
+LAYER_PREFIX = "dpro.layer::"
+BUCKET_PREFIX = "dpro.bucket::"
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL_KERNEL_RE = re.compile(r"^nccl(Dev)?Kernel_([A-Za-z]+)")
 DTYPE_BYTES = {
@@ -56,6 +59,11 @@ class Seg:
     coll: str | None = None
     nbytes: int = 0
     group: tuple[int, ...] | None = None
+    #: model layer (innermost ``dpro.layer::`` annotation), DDP bucket of the issued
+    #: collective (``dpro.bucket::``), autograd sequence numbers of the op and its children
+    layer: str | None = None
+    bucket: int | None = None
+    seqs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -171,12 +179,20 @@ def _op_cat(name: str, ctx: str) -> str:
     return ""
 
 
-def _cut(op: _Ev, dev: str, cat: str) -> list[Seg]:
+def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     """Cut an outermost CPU op at its emission points."""
     points: list[tuple[float, str, object]] = []
 
+    seqs: list[int] = []
+    bucket: list[int] = []
+
     def walk(x: _Ev, inside_issue: bool) -> None:
         for c in x.children:
+            sq = c.args.get("Sequence number")
+            if isinstance(sq, int):
+                seqs.append(sq)
+            if c.name.startswith(BUCKET_PREFIX) and c.name[len(BUCKET_PREFIX):].isdigit():
+                bucket.append(int(c.name[len(BUCKET_PREFIX):]))
             if c.cat == "cuda_runtime" or c.cat == "cuda_driver":
                 kind = SYNC_CALLS.get(c.name)
                 if kind:
@@ -186,7 +202,7 @@ def _cut(op: _Ev, dev: str, cat: str) -> list[Seg]:
                     points.append((c.end, "launch", int(c.args["correlation"])))
             elif is_issue(c.name) and not inside_issue:
                 walk(c, True)
-                points.append((c.end, "issue", None))
+                points.append((c.end, "issue", bucket.pop() if bucket else None))
                 continue
             walk(c, inside_issue)
 
@@ -210,6 +226,7 @@ def _cut(op: _Ev, dev: str, cat: str) -> list[Seg]:
             cur.launches.append(int(payload))  # type: ignore[arg-type]
         elif kind == "issue":
             cur.issue = True
+            cur.bucket = payload  # type: ignore[assignment]
         if kind == "sync_end" or kind == "issue" or (kind == "launch" and t > cur.ts):
             cur.end = t
             segs.append(cur)
@@ -218,8 +235,11 @@ def _cut(op: _Ev, dev: str, cat: str) -> list[Seg]:
     if cur.end > cur.ts or not segs or cur.launches:
         segs.append(cur)
     for i, s in enumerate(segs):
+        s.layer = layer
         if len(segs) > 1:
             s.name = f"{op.name}[{i}]"
+    own = op.args.get("Sequence number")
+    segs[0].seqs = ([own] if isinstance(own, int) else []) + seqs
     return segs
 
 
@@ -253,7 +273,8 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
                 for c in x.children:
                     visit(c, ctx, dev)
                 return
-            segs.extend(_cut(x, dev, _op_cat(x.name, _context_cat(ctx))))
+            layer = next((c[len(LAYER_PREFIX):] for c in reversed(ctx) if c.startswith(LAYER_PREFIX)), None)
+            segs.extend(_cut(x, dev, _op_cat(x.name, _context_cat(ctx)), layer))
 
         dev = thread_names.setdefault(tid, "cpu:main" if tid == main_tid else f"cpu:t{len(thread_names)}")
         for r in roots:

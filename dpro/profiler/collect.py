@@ -1,0 +1,91 @@
+"""Turn what the ranks recorded (Kineto trace + metadata per rank) into one gTrace."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from dpro.errors import DproInputError
+from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
+from dpro.importers.kineto import import_kineto
+from dpro.importers.kineto.read import META_SUFFIX
+from dpro.jsonio import read_json
+
+log = logging.getLogger(__name__)
+
+
+def rank_files(raw: Path) -> list[Path]:
+    """The per-rank trace files a recording directory holds."""
+    return sorted(p for p in raw.glob("rank*.json.gz") if not p.name.startswith("."))
+
+
+def merge_dirs(dirs: list[Path], dest: Path) -> None:
+    """Copy the rank files of several hosts' recording directories into ``dest``."""
+    seen: dict[str, Path] = {}
+    for d in dirs:
+        if not d.is_dir():
+            raise DproInputError(d, "not a directory")
+        files = rank_files(d)
+        if not files:
+            raise DproInputError(d, "holds no rank*.json.gz traces")
+        for f in files + sorted(d.glob(f"rank*{META_SUFFIX}")):
+            if f.name in seen:
+                raise DproInputError(f, f"also in {seen[f.name].parent}: two hosts recorded the same rank")
+            seen[f.name] = f
+            shutil.copy2(f, dest / f.name)
+
+
+def _enrich(nt: NodeTrace, meta: dict) -> None:
+    """Host, gradient tensors (with their bucket and producing op) and facts from the recorder."""
+    nt.info.host = str(meta.get("host") or nt.info.host)
+    comm_by_tensor = {op.tensor: op for op in nt.ops.values() if op.cat == "COMM"}
+    bucket_of = {name: b["index"] for b in meta.get("buckets", []) for name in b.get("params", [])}
+    last_bw: dict[str, str] = {}
+    for op in nt.ops.values():  # ops are in device order; keep the last BW op of each layer
+        if op.cat == "BW" and op.layer:
+            last_bw[op.layer] = op.id
+    for p in meta.get("params", []):
+        if not p.get("requires_grad", True):
+            continue
+        name = str(p["name"])
+        layer = name.rsplit(".", 1)[0]
+        comm = comm_by_tensor.get(f"bucket{bucket_of[name]}") if name in bucket_of else None
+        nt.tensors.append(Tensor(
+            name=name,
+            bytes=int(p["bytes"]),
+            shape=tuple(int(x) for x in p.get("shape", [])),
+            dtype=str(p.get("dtype", "float32")),
+            producer=last_bw.get(layer),
+            txn=comm.txn if comm is not None else None,
+        ))
+    nt.meta = {k: meta[k] for k in ("framework_version", "ddp", "buckets", "steps") if k in meta}
+
+
+def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
+    """Import a recording directory (``rank<r>.json.gz`` + ``rank<r>.meta.json``) as a GTrace."""
+    if not rank_files(raw):
+        raise DproInputError(raw, "no rank traces were recorded (rank*.json.gz)")
+    with tempfile.TemporaryDirectory(prefix="dpro-collect-") as tmp:
+        for f in rank_files(raw):
+            shutil.copy2(f, Path(tmp) / f.name)  # only the traces: the importer reads every *.json*
+        gt = import_kineto(Path(tmp), progress=progress)
+    metas = {}
+    for f in sorted(raw.glob(f"rank*{META_SUFFIX}")):
+        m = read_json(f)
+        if isinstance(m, dict) and isinstance(m.get("rank"), int):
+            metas[m["rank"]] = m
+    for nt in gt.nodes.values():
+        if nt.info.rank in metas:
+            _enrich(nt, metas[nt.info.rank])
+    if metas:
+        any_meta = next(iter(metas.values()))
+        gt.manifest.library = str(any_meta.get("library") or gt.manifest.library)
+        gt.manifest.world_size = max(gt.manifest.world_size, int(any_meta.get("world_size") or 0))
+    gt.manifest.meta["recorder"] = "dpro"
+    gt.manifest.meta.pop("files", None)
+    missing = sorted(set(range(gt.manifest.world_size)) - {nt.info.rank for nt in gt.nodes.values()})
+    if missing:
+        gt.notes.append(f"ranks {missing} recorded nothing (crashed, or never reached the profiling window)")
+    return gt

@@ -1,0 +1,46 @@
+"""How a recording is configured: arguments, else the environment `dpro profile` sets."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_OUT = "DPRO_TRACE_DIR"
+ENV_WARMUP = "DPRO_WARMUP"
+ENV_STEPS = "DPRO_STEPS"
+ENV_HOST = "DPRO_HOST"
+ENV_DISABLE = "DPRO_DISABLE"
+
+DEFAULT_WARMUP = 5
+DEFAULT_STEPS = 5
+DEFAULT_OUT = "dpro_traces"
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """The profiling window and where each rank writes its part."""
+
+    out_dir: Path
+    warmup: int = DEFAULT_WARMUP
+    steps: int = DEFAULT_STEPS
+    host: str = ""
+    enabled: bool = True
+
+    @classmethod
+    def resolve(cls, out_dir: str | os.PathLike | None, warmup: int | None, steps: int | None) -> "RecordConfig":
+        """Arguments win over the environment, which wins over the defaults."""
+        env = os.environ
+        w = warmup if warmup is not None else int(env.get(ENV_WARMUP, DEFAULT_WARMUP))
+        n = steps if steps is not None else int(env.get(ENV_STEPS, DEFAULT_STEPS))
+        if w < 0 or n < 1:
+            raise ValueError(f"dpro: need warmup >= 0 and steps >= 1 (got warmup={w}, steps={n})")
+        out = Path(out_dir if out_dir is not None else env.get(ENV_OUT, DEFAULT_OUT))
+        return cls(
+            out_dir=out,
+            warmup=w,
+            steps=n,
+            host=env.get(ENV_HOST) or socket.gethostname(),
+            enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes"),
+        )

@@ -1,0 +1,94 @@
+"""`dpro profile`: run a training command with the recorder configured, then collect."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpro.errors import DproInputError
+from dpro.gtrace.io import write_gtrace
+from dpro.profiler.collect import collect, rank_files
+from dpro.profiler.config import ENV_OUT, ENV_STEPS, ENV_WARMUP
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProfileOutcome:
+    returncode: int
+    ranks: int
+    out: Path | None
+    message: str
+
+
+def command_line(args: list[str]) -> list[str]:
+    """``train.py ...`` runs with this Python; anything else runs as given."""
+    if not args:
+        raise DproInputError(None, "no command to run (dpro profile -o DIR -- python train.py ...)")
+    if args[0].endswith(".py"):
+        return [sys.executable, *args]
+    return list(args)
+
+
+def check_output_dir(out: Path, force: bool) -> None:
+    """Refuse, before running anything, an output that exists and is not empty (unless force)."""
+    if out.exists() and not out.is_dir():
+        raise DproInputError(out, "already exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise DproInputError(out, "already exists and is not empty (use --force to replace it)")
+    parent = out.resolve().parent
+    if parent.exists() and not os.access(parent, os.W_OK):
+        raise DproInputError(out, "cannot write here (permission denied)")
+
+
+def run_job(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the job with inherited stdio; forward SIGINT/SIGTERM; return its exit code."""
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as e:
+        raise DproInputError(cmd[0], f"cannot run: {e.strerror or e}") from None
+    old = {s: signal.signal(s, lambda n, f: proc.send_signal(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def profile_job(
+    args: list[str], out: Path, *, warmup: int, steps: int, force: bool = False, progress: bool | None = None
+) -> ProfileOutcome:
+    """Run ``args`` with recording on, then write the gTrace to ``out`` (raw traces in out/raw)."""
+    cmd = command_line(args)
+    check_output_dir(out, force)
+    out.resolve().parent.mkdir(parents=True, exist_ok=True)
+    raw = Path(tempfile.mkdtemp(dir=out.resolve().parent, prefix=f".{out.name}.raw-"))
+    env = dict(os.environ)
+    env.update({ENV_OUT: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
+    try:
+        rc = run_job(cmd, env)
+        n = len(rank_files(raw))
+        if n == 0:
+            why = f"the job exited with code {rc}" if rc else "the job finished"
+            msg = (f"{why} but recorded nothing: is dpro.Recorder in the training script, and did the "
+                   f"decorated step run more than {warmup} time(s)?")
+            return ProfileOutcome(rc or 2, 0, None, msg)
+        gt = collect(raw, progress=progress)
+        write_gtrace(gt, out, force=force)
+        shutil.move(str(raw), out / "raw")
+        msg = f"recorded {n} rank(s), steps {gt.manifest.steps}: wrote {out}"
+        if rc:
+            msg += f" (the job exited with code {rc}: the trace holds what was recorded before)"
+        for note in gt.notes:
+            msg += f"\n  note: {note}"
+        return ProfileOutcome(rc, n, out, msg)
+    finally:
+        if raw.exists():
+            shutil.rmtree(raw, ignore_errors=True)

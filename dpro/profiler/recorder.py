@@ -1,0 +1,147 @@
+"""The two-line API.
+
+.. code-block:: python
+
+    recorder = dpro.Recorder(model)
+    @dpro.profile(recorder)
+    def train_one_step(batch): ...
+
+The recorder counts calls of the decorated step function; calls ``warmup`` to
+``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
+output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
+a call costs one counter increment and a comparison.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from dpro.profiler.config import RecordConfig
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Backend(Protocol):
+    """What a framework integration provides."""
+
+    def start(self) -> None: ...
+    def step_begin(self, step: int) -> object: ...
+    def step_end(self, step: int, token: object) -> None: ...
+    def stop_and_write(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+def _backend_for(model: Any, config: RecordConfig) -> Backend:
+    mod = type(model).__module__
+    if mod.startswith("torch") or any(c.__module__.startswith("torch.nn") for c in type(model).__mro__):
+        from dpro.profiler.torch_backend import TorchBackend
+
+        return TorchBackend(model, config)
+    raise TypeError(f"dpro.Recorder: unsupported model type {type(model).__module__}.{type(model).__name__}")
+
+
+class Recorder:
+    """Profiles a window of training steps of ``model`` and writes this rank's trace."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        out_dir: str | None = None,
+        warmup: int | None = None,
+        steps: int | None = None,
+    ) -> None:
+        self.config = RecordConfig.resolve(out_dir, warmup, steps)
+        self.calls = 0
+        self.done = False
+        self._lock = threading.Lock()
+        self._backend: Backend | None = None
+        if self.config.enabled:
+            try:
+                self._backend = _backend_for(model, self.config)
+            except TypeError:
+                raise
+            except Exception as e:  # noqa: BLE001 - profiling must never break training
+                log.error("dpro: recording disabled: %s: %s", type(e).__name__, e)
+        if self._backend is None:
+            self.done = True
+        atexit.register(self._at_exit)
+
+    @property
+    def window(self) -> range:
+        return range(self.config.warmup, self.config.warmup + self.config.steps)
+
+    def _begin(self) -> tuple[int, object] | None:
+        i = self.calls
+        self.calls += 1
+        if self.done or i < self.config.warmup:
+            return None
+        assert self._backend is not None
+        if i == self.config.warmup:
+            self._backend.start()
+        return i, self._backend.step_begin(i)
+
+    def _end(self, state: tuple[int, object] | None, failed: bool) -> None:
+        if state is None:
+            return
+        i, token = state
+        assert self._backend is not None
+        self._backend.step_end(i, token)
+        if failed or i == self.window.stop - 1:
+            self.done = True
+            try:
+                self._backend.stop_and_write()
+            except Exception as e:  # noqa: BLE001 - never break the training job
+                log.error("dpro: could not write the trace: %s", e)
+                self._backend.abort()
+
+    def wrap(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            state = self._begin() if not self.done else None
+            try:
+                out = fn(*args, **kwargs)
+            except BaseException:
+                self._end(state, failed=True)
+                raise
+            self._end(state, failed=False)
+            return out
+
+        return step  # type: ignore[return-value]
+
+    def _at_exit(self) -> None:
+        if self.done:
+            return
+        if self.calls <= self.config.warmup:
+            log.warning(
+                "dpro: the profiled step function ran %d time(s), but profiling starts after %d warm-up "
+                "step(s): nothing was recorded (call it more often or lower the warm-up)",
+                self.calls, self.config.warmup,
+            )
+            self.done = True
+            return
+        log.warning("dpro: the job ended inside the profiling window: writing the %d step(s) recorded",
+                    self.calls - self.config.warmup)
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001
+            log.error("dpro: could not write the trace: %s", e)
+
+    def close(self) -> None:
+        """Write what was recorded if the window did not complete (called at exit)."""
+        if not self.done and self._backend is not None and self.calls > self.config.warmup:
+            self.done = True
+            self._backend.stop_and_write()
+
+
+def profile(recorder: Recorder) -> Callable[[F], F]:
+    """Decorator: profile the decorated training-step function with ``recorder``."""
+    if not isinstance(recorder, Recorder):
+        raise TypeError("dpro.profile(recorder): expected a dpro.Recorder")
+    return recorder.wrap

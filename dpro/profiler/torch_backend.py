@@ -1,0 +1,176 @@
+"""PyTorch integration of the Recorder: torch.profiler, layer annotations, DDP buckets.
+
+What one rank writes into the output directory at the end of the window:
+
+* ``rank<r>.json.gz`` — the torch.profiler Chrome trace of the window (CPU, and CUDA when
+  the model is on a GPU), shapes recorded, each profiled call wrapped in a
+  ``ProfilerStep#<i>`` annotation and each leaf module's forward in ``dpro.layer::<path>``;
+* ``rank<r>.meta.json`` — parameters (name, shape, dtype, bytes), DDP buckets (index,
+  parameter names, bytes), optimizer-independent facts (versions, host, world size).
+
+DDP buckets are recorded by a communication hook that wraps DDP's default all-reduce and
+notes, for each bucket, its parameters; it costs one Python call per bucket per step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
+from dpro.jsonio import write_json
+from dpro.profiler.config import RecordConfig
+
+log = logging.getLogger(__name__)
+
+
+
+def _rank_world() -> tuple[int, int, str | None]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
+
+
+class TorchBackend:
+    """Records one rank of a PyTorch job."""
+
+    def __init__(self, model: Any, config: RecordConfig) -> None:
+        self.config = config
+        self.model = model
+        self.inner = getattr(model, "module", model)
+        self.names = {id(p): n for n, p in self.inner.named_parameters()}
+        self.buckets: dict[int, dict] = {}
+        self.active = False
+        self.prof: Any = None
+        self.hooks: list[Any] = []
+        self.steps: list[int] = []
+        self._install_comm_hook()
+
+    # ---------------------------------------------------------------- DDP buckets
+    def _install_comm_hook(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not isinstance(self.model, DDP):
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        backend = self
+
+        def dpro_allreduce_hook(state, bucket):  # no annotations: DDP checks them
+            if not backend.active:
+                return default_hooks.allreduce_hook(state, bucket)
+            idx = bucket.index()
+            if idx not in backend.buckets:
+                buf = bucket.buffer()
+                backend.buckets[idx] = {
+                    "index": idx,
+                    "bytes": buf.numel() * buf.element_size(),
+                    "params": [backend.names.get(id(p), "?") for p in bucket.parameters()],
+                }
+            with torch.profiler.record_function(f"{BUCKET_PREFIX}{idx}"):
+                return default_hooks.allreduce_hook(state, bucket)
+
+        try:
+            self.model.register_comm_hook(None, dpro_allreduce_hook)
+        except RuntimeError as e:  # a hook is already registered: buckets come from the trace only
+            log.warning("dpro: cannot register the DDP bucket hook (%s); bucket membership will be unknown", e)
+
+    # ---------------------------------------------------------------- layers
+    def _install_layer_hooks(self) -> None:
+        stack: list[Any] = []
+
+        def pre(mod: Any, args: Any, name: str) -> None:
+            rf = torch.profiler.record_function(LAYER_PREFIX + name)
+            rf.__enter__()
+            stack.append(rf)
+
+        def post(mod: Any, args: Any, out: Any) -> None:
+            if stack:
+                stack.pop().__exit__(None, None, None)
+
+        for name, mod in self.inner.named_modules():
+            if name and not any(True for _ in mod.children()):
+                self.hooks.append(mod.register_forward_pre_hook(lambda m, a, n=name: pre(m, a, n)))
+                self.hooks.append(mod.register_forward_hook(post))
+
+    def _remove_layer_hooks(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks.clear()
+
+    # ---------------------------------------------------------------- window
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters()):
+            acts.append(ProfilerActivity.CUDA)
+        self._install_layer_hooks()
+        self.prof = profile(activities=acts, record_shapes=True)
+        self.prof.start()
+        self.active = True
+
+    def step_begin(self, step: int) -> object:
+        self.steps.append(step)
+        rf = torch.profiler.record_function(f"ProfilerStep#{step}")
+        rf.__enter__()
+        return rf
+
+    def step_end(self, step: int, token: object) -> None:
+        token.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+    def _stop(self) -> None:
+        self.active = False
+        self._remove_layer_hooks()
+        if self.prof is not None:
+            self.prof.stop()
+
+    def abort(self) -> None:
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001
+            pass
+        self.prof = None
+
+    def stop_and_write(self) -> None:
+        self._stop()
+        rank, world, backend = _rank_world()
+        out = self.config.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="dpro-") as tmp:
+            raw = Path(tmp) / "trace.json"
+            self.prof.export_chrome_trace(str(raw))
+            part = out / f".rank{rank}.json.gz.part"
+            with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
+                shutil.copyfileobj(fin, fout)
+            os.replace(part, out / f"rank{rank}.json.gz")
+        params = [
+            {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
+             "bytes": p.numel() * p.element_size(), "requires_grad": p.requires_grad}
+            for n, p in self.inner.named_parameters()
+        ]
+        write_json(out / f"rank{rank}.meta.json", {
+            "format": "dpro-rank-meta",
+            "version": 1,
+            "framework": "pytorch",
+            "framework_version": torch.__version__,
+            "rank": rank,
+            "world_size": world,
+            "library": backend,
+            "host": self.config.host,
+            "steps": self.steps,
+            "ddp": type(self.model).__name__ == "DistributedDataParallel",
+            "params": params,
+            "buckets": [self.buckets[k] for k in sorted(self.buckets)],
+        })
+        log.info("dpro: rank %d wrote its trace to %s", rank, out)
+        self.prof = None

@@ -1,0 +1,62 @@
+"""PyTorch DDP (gloo) training with dpro's two-line recorder.
+
+    dpro profile -o traces/ -- torchrun --nproc_per_node 2 examples/pytorch/ddp_recorder.py --model mlp
+    dpro replay traces/
+
+The two dpro lines are marked below; everything else is a plain DDP training loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dpro
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import DEFAULT_BATCH_SIZE, MODEL_NAMES, build  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", choices=MODEL_NAMES, default="mlp")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--crash-at", type=int, default=None, help="raise in this step (to test failures)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model, make_batch, loss_fn = build(args.model)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    batch = make_batch(args.batch_size or DEFAULT_BATCH_SIZE[args.model])
+
+    recorder = dpro.Recorder(ddp)  # dpro line 1
+
+    @dpro.profile(recorder)  # dpro line 2
+    def train_one_step(i: int) -> float:
+        if args.crash_at == i:
+            raise RuntimeError(f"crash requested at step {i}")
+        opt.zero_grad()
+        loss = loss_fn(ddp(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        loss = train_one_step(i)
+    if dist.get_rank() == 0:
+        print(f"{args.steps} steps in {time.perf_counter() - t0:.2f} s, last loss {loss:.4f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
