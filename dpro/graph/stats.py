@@ -37,8 +37,8 @@ TRIM = 0.2
 
 
 def typical_steps(nodes: list[NodeTrace], steps: list[int], trim: float = TRIM) -> list[int]:
-    """``steps`` without the ``floor(trim * n)`` slowest and fastest (by slowest node)."""
-    dur = {s: max((nt.steps[s][1] for nt in nodes if s in nt.steps), default=0.0) for s in steps}
+    """``steps`` without the ``floor(trim * n)`` slowest and fastest (mean over nodes)."""
+    dur = {s: float(np.mean([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0])) for s in steps}
     order = sorted(steps, key=lambda s: (dur[s], s))
     k = int(trim * len(order))
     return sorted(order[k : len(order) - k])
@@ -81,10 +81,16 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
 
 
 def measured_iteration_us(nodes: list[NodeTrace], steps: list[int]) -> float | None:
-    """Mean over ``steps`` of the slowest node's step duration (the framework's marker)."""
+    """Mean over ``steps`` and nodes of the step duration (the framework's own marker).
+
+    Not the slowest node's: steps run back to back, so in steady state every node's mean
+    step time is the iteration time, but in any one step the ranks are staggered and the
+    one that started earliest (and waited in the first collective) looks slowest; the
+    per-step maximum is biased upwards by that jitter.
+    """
     per_step = []
     for s in steps:
         durs = [nt.steps[s][1] for nt in nodes if s in nt.steps]
         if durs:
-            per_step.append(max(durs))
+            per_step.append(float(np.mean(durs)))
     return float(np.mean(per_step)) if per_step else None
