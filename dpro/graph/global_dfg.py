@@ -160,6 +160,15 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
     info.link_cost = cost
     expand = set(complete) if (opts.expand_collectives and cost is not None) else set()
 
+    consumer_of = {c: p for p, c in PAIRS.items()}
+    produced = {
+        (op.sub_op, op.txn) for nt in gt.nodes.values() for op in nt.ops.values()
+        if op.cat == "COMM" and op.sub_op in PAIRS and op.txn is not None
+    }
+    paired_consumers = {
+        (op.sub_op, op.txn) for nt in gt.nodes.values() for op in nt.ops.values()
+        if op.cat == "COMM" and op.sub_op in consumer_of and (consumer_of[op.sub_op], op.txn) in produced
+    }
     b = GraphBuilder()
     idx: dict[tuple[str, str], int] = {}
     ends: dict[tuple[str, str], int] = {}  # op whose end stands for the local op's end (OUT for expanded)
@@ -174,7 +183,10 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
                 i_out = b.op(f"{name}/{op.id}:OUT", 0.0, 0.0, "COMM", d, s.offset)
                 idx[(name, op.id)], ends[(name, op.id)] = i_in, i_out
             else:
-                i = b.op(f"{name}/{op.id}", s.dur, s.gap, op.cat, d, s.offset)
+                # A consumer (RECV, PUSH_RES, PULL_RES) whose producer is in the trace waits for it
+                # through a cross-node edge; its local gap would count that wait a second time.
+                gap = 0.0 if op.cat == "COMM" and (op.sub_op, op.txn) in paired_consumers else s.gap
+                i = b.op(f"{name}/{op.id}", s.dur, gap, op.cat, d, s.offset)
                 idx[(name, op.id)] = ends[(name, op.id)] = i
         for u, v in nt.edges:
             b.edge(ends[(name, u)], idx[(name, v)])
