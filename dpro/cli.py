@@ -58,6 +58,7 @@ def cli(verbose: int) -> None:
       dpro replay traces/            predicted vs measured iteration time, breakdown, critical path
       dpro replay traces/ --json     the same as one JSON object
       dpro validate traces/          check a trace directory
+      dpro align traces/             clock offsets between hosts (CVXPY)
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
 
     Times are in microseconds and sizes in bytes in every file and JSON output.
@@ -71,8 +72,11 @@ def cli(verbose: int) -> None:
 @click.option("--timeline", type=click.Path(path_type=Path), help="Write the simulated iteration as a Chrome trace (Perfetto).")
 @click.option("--top", default=15, show_default=True, help="Critical-path ops to show in the summary.")
 @click.option("--no-expand", is_flag=True, help="Keep each collective's measured time instead of the ring model.")
+@click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
 @_rank_opt
-def replay(path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, rank_pattern: str) -> None:
+def replay(
+    path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, no_align: bool, rank_pattern: str
+) -> None:
     """Replay one training iteration of the job traced in PATH.
 
     PATH is a gTrace directory or a directory of torch.profiler traces (one file per
@@ -84,7 +88,7 @@ def replay(path: Path, as_json: bool, timeline: Path | None, top: int, no_expand
     from dpro.replayer.timeline import write_timeline
 
     gt = open_trace(path, rank_pattern)
-    res = run_replay(gt, BuildOptions(expand_collectives=not no_expand))
+    res = run_replay(gt, BuildOptions(expand_collectives=not no_expand), align_clocks=not no_align)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
     if as_json:
@@ -166,6 +170,54 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
     click.echo(f"wrote {output} ({len(gt.nodes)} ranks)")
     for note in gt.notes:
         click.echo(f"  note: {note}")
+
+
+@cli.command(name="align")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the aligned trace (a gTrace directory).")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+@click.option("--reference", default=None, help="Node whose clock is the reference (default: the lowest-rank worker).")
+@click.option("--one-host", "one_host", is_flag=True, help="Align even when every node reports the same host.")
+@_rank_opt
+def align_cmd(
+    path: Path, as_json: bool, output: Path | None, force: bool, reference: str | None, one_host: bool, rank_pattern: str
+) -> None:
+    """Estimate every node's clock offset (µs) so that the whole trace is on one clock.
+
+    Nodes with the same host share a clock. Offsets come from the cross-node dependencies
+    (SEND/RECV, PUSH/PULL, collectives), solved with CVXPY; see docs/alignment.md.
+    """
+    from dpro.alignment import AlignOptions, align, apply_offsets
+    from dpro.loader import open_trace
+
+    gt = open_trace(path, rank_pattern)
+    try:
+        res = align(gt, AlignOptions(reference=reference, force=one_host))
+    except ValueError as e:
+        raise DproInputError(path, str(e)) from None
+    if output is not None:
+        from dpro.gtrace.io import write_gtrace
+
+        write_gtrace(apply_offsets(gt, res.offsets_us), output, force=force)
+    if as_json:
+        d = res.to_json()
+        d["output"] = None if output is None else str(output)
+        sys.stdout.buffer.write(orjson.dumps(d, option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    click.echo(
+        f"{path}: {len(res.offsets_us)} nodes, reference {res.reference}: {res.solver} {res.status}, "
+        f"{res.variables} variables, {res.constraints} constraints, {res.iterations} iteration(s), {res.time_s:.2f} s"
+    )
+    for name, theta in res.offsets_us.items():
+        lo, hi = res.bounds_us.get(name, (None, None))
+        allowed = "" if lo is None and hi is None else (
+            f"   dependencies allow {'-inf' if lo is None else f'{lo:+.1f}'} .. {'+inf' if hi is None else f'{hi:+.1f}'}")
+        click.echo(f"  {name:<20} {theta:+14.1f} µs{allowed}")
+    for note in res.notes:
+        click.echo(f"  note: {note}")
+    if output is not None:
+        click.echo(f"wrote {output}")
 
 
 @cli.group(name="import")

@@ -32,7 +32,7 @@ ALPHA, BETA = 3.0, 2.0**-10  # µs per step, µs per byte (~1 GB/s)
 def ring_trace(n: int, bw: list[float], nbytes: int, coll_us: float = 50.0, steps: int = 3) -> GTrace:
     """N workers, one AllReduce (txn "ar0") each; the collective ends at the same moment on
     every rank, coll_us after the last rank issued it (what the trace of a real one shows)."""
-    infos = [NodeInfo(f"worker{w}", "worker", w, f"host{w}") for w in range(n)]
+    infos = [NodeInfo(f"worker{w}", "worker", w, "host0") for w in range(n)]
     nodes = {}
     for w, info in enumerate(infos):
         ops = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from dpro.graph.compiled import CompiledGraph
 from dpro.graph.global_dfg import BuildInfo, BuildOptions, build_global_dfg
@@ -11,6 +12,9 @@ from dpro.gtrace.schema import GTrace
 from dpro.replayer.breakdown import breakdown
 from dpro.replayer.critical_path import PathOp, critical_path
 from dpro.replayer.engine import Schedule, simulate
+
+if TYPE_CHECKING:
+    from dpro.alignment import AlignResult
 
 
 @dataclass
@@ -25,6 +29,8 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     #: the profiled steps the prediction and the measurement are averaged over
     steps: list[int] = field(default_factory=list)
+    #: the clock alignment done before replaying (None: not asked for)
+    alignment: AlignResult | None = None
 
     @property
     def error_pct(self) -> float | None:
@@ -45,13 +51,27 @@ class ReplayResult:
             "collectives_measured": self.build.kept_coarse,
             "link_cost": None if lc is None else {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "samples": lc.samples, "fit_error": lc.fit_error},
             "steps": self.steps,
+            "clock_offsets_us": None if self.alignment is None else self.alignment.offsets_us,
+            "clock_alignment": None if self.alignment is None else {
+                k: self.alignment.to_json()[k] for k in ("reference", "status", "solver", "iterations", "time_s")},
             "notes": self.notes,
         }
 
 
-def replay(gt: GTrace, options: BuildOptions | None = None) -> ReplayResult:
-    """Predict one iteration of ``gt``."""
+def replay(gt: GTrace, options: BuildOptions | None = None, *, align_clocks: bool = True) -> ReplayResult:
+    """Predict one iteration of ``gt``.
+
+    With ``align_clocks`` (the default) the nodes' clocks are first put on one clock
+    (:mod:`dpro.alignment`); nothing changes when every node runs on one host.
+    """
     options = options or BuildOptions()
+    alignment = None
+    if align_clocks:
+        from dpro.alignment import align, apply_offsets
+
+        alignment = align(gt)
+        if alignment.status != "trivial":
+            gt = apply_offsets(gt, alignment.offsets_us)
     if not options.steps:
         options = replace(options, steps=typical_steps(list(gt.nodes.values()), gt.manifest.steps))
     g, info = build_global_dfg(gt, options)
@@ -66,6 +86,8 @@ def replay(gt: GTrace, options: BuildOptions | None = None) -> ReplayResult:
         graph=g,
         schedule=sched,
         build=info,
-        notes=list(gt.notes) + info.notes,
+        notes=list(gt.notes) + info.notes + ([] if alignment is None else [
+            n for n in alignment.notes if alignment.status != "trivial" or n.startswith("inconsistent events")]),
         steps=list(steps),
+        alignment=alignment,
     )
