@@ -5,8 +5,10 @@ For every job (model x world size x network) it
 1. runs ``examples/pytorch/train_ddp.py`` WITHOUT profiling ``--truth-runs`` times (default
    2: one before and one after the profiled run, so slow drifts of the machine hit both
    sides alike) and measures the iteration time itself (ground truth, not taken from
-   dpro): each timed step's duration is the slowest rank's (``time.perf_counter()`` step
-   start to step start; ranks synchronise every step so they agree to within noise), and
+   dpro): each timed step's duration is the mean over the ranks (``time.perf_counter()``
+   step start to step start; steps run back to back, so every rank's mean step time is the
+   iteration time, while within one step the ranks are staggered and the per-step maximum
+   is biased upwards by that jitter), and
    the iteration time is the median over the timed steps of the ground-truth runs (only
    the quiet ones -- other processes below 10% of the CPUs -- if there are any);
    ``noise %`` is the inter-quartile range of those steps relative to their median;
@@ -342,23 +344,23 @@ def launch(job: Job, opts: argparse.Namespace, net: NetnsCluster | None, ports: 
 # ----------------------------------------------------------------------------- metrics
 
 
-def per_step_max(timings: list[dict[str, Any]], subtract_profiler: bool) -> list[float]:
-    """Per-step duration (us) of the slowest rank, optionally minus ``prof.step()`` time."""
+def per_step_mean(timings: list[dict[str, Any]], subtract_profiler: bool) -> list[float]:
+    """Per-step duration (us), mean over the ranks, optionally minus ``prof.step()`` time."""
     per_rank = []
     for t in timings:
         steps = t["step_us"]
         if subtract_profiler:
             steps = [s - p for s, p in zip(steps, t["profiler_us"])]
         per_rank.append(steps)
-    return [max(vals) for vals in zip(*per_rank)]
+    return [sum(vals) / len(vals) for vals in zip(*per_rank)]
 
 
 def ground_truth_us(runs: list[RunResult]) -> tuple[float, list[float], list[float]]:
-    """Median over the timed steps of all unprofiled runs of the slowest rank's step time.
+    """Median over the timed steps of all unprofiled runs of the step time (mean over ranks).
 
     Returns (median, all steps, each run's own median), us.
     """
-    per_run = [per_step_max(r.timings, subtract_profiler=False) for r in runs]
+    per_run = [per_step_mean(r.timings, subtract_profiler=False) for r in runs]
     steps = [s for run in per_run for s in run]
     return statistics.median(steps), steps, [statistics.median(run) for run in per_run]
 
@@ -374,7 +376,7 @@ def iqr_pct(values: list[float]) -> float | None:
 def profiled_us(run: RunResult) -> tuple[float, list[float]]:
     """Median over the traced (active) steps, profiler bookkeeping excluded."""
     lo, hi = run.timings[0]["active_steps"]
-    steps = per_step_max(run.timings, subtract_profiler=True)[lo:hi]
+    steps = per_step_mean(run.timings, subtract_profiler=True)[lo:hi]
     return statistics.median(steps), steps
 
 
@@ -566,7 +568,7 @@ def write_json(path: Path, results: Sequence[JobResult], opts: argparse.Namespac
     doc = {
         "method": {
             "measured": "median over the timed steps of the unprofiled runs used (the quiet ones, "
-                        "if any) of each step's slowest rank",
+                        "if any) of each step's time, mean over the ranks",
             "noise_pct": "100 * inter-quartile range / median of those steps",
             "profiled": "same over the traced (active) steps of the profiled run, minus time in prof.step()",
             "error_pct": "100 * (predicted / measured - 1)",
