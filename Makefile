@@ -3,8 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# Horovod wheels built here are cached (a rebuild takes minutes on 2 cores).
+HOROVOD_WHEEL_CACHE ?= $(HOME)/.cache/dpro/horovod-wheels
 
-.PHONY: setup demo test bench clean
+.PHONY: setup horovod demo test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,10 +17,14 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[test]"
 
+# Horovod 0.28.1, CPU-only with gloo, built from its sdist (see scripts/install_horovod.sh).
+horovod: setup
+	HOROVOD_WHEEL_CACHE=$(HOROVOD_WHEEL_CACHE) scripts/install_horovod.sh $(BIN)/python
+
 demo: setup
 	$(BIN)/dpro replay examples/traces/ddp_gloo_2rank_mlp --timeline out/demo_timeline.json
 
-test: setup
+test: setup horovod
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -12,6 +12,7 @@ from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
 from dpro.importers.kineto import import_kineto
 from dpro.importers.kineto.read import META_SUFFIX
 from dpro.jsonio import read_json
+from dpro.profiler.horovod import TIMELINE_NAME, apply_horovod_timeline
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,10 @@ def rank_files(raw: Path) -> list[Path]:
 
 
 def merge_dirs(dirs: list[Path], dest: Path) -> None:
-    """Copy the rank files of several hosts' recording directories into ``dest``."""
+    """Copy the rank files of several hosts' recording directories into ``dest``.
+
+    A Horovod timeline (written on rank 0's host only) comes along.
+    """
     seen: dict[str, Path] = {}
     for d in dirs:
         if not d.is_dir():
@@ -30,8 +34,11 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
         files = rank_files(d)
         if not files:
             raise DproInputError(d, "holds no rank*.json.gz traces")
-        for f in files + sorted(d.glob(f"rank*{META_SUFFIX}")):
+        timeline = [d / TIMELINE_NAME] if (d / TIMELINE_NAME).is_file() else []
+        for f in files + sorted(d.glob(f"rank*{META_SUFFIX}")) + timeline:
             if f.name in seen:
+                if f.name == TIMELINE_NAME:
+                    raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
                 raise DproInputError(f, f"also in {seen[f.name].parent}: two hosts recorded the same rank")
             seen[f.name] = f
             shutil.copy2(f, dest / f.name)
@@ -83,6 +90,8 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get("library") or gt.manifest.library)
         gt.manifest.world_size = max(gt.manifest.world_size, int(any_meta.get("world_size") or 0))
+    if (raw / TIMELINE_NAME).is_file():  # a Horovod job: its collectives are in rank 0's timeline
+        apply_horovod_timeline(gt, raw / TIMELINE_NAME, raw, metas)
     gt.manifest.meta["recorder"] = "dpro"
     gt.manifest.meta.pop("files", None)
     missing = sorted(set(range(gt.manifest.world_size)) - {nt.info.rank for nt in gt.nodes.values()})

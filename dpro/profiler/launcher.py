@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,10 @@ from dpro.errors import DproInputError
 from dpro.gtrace.io import write_gtrace
 from dpro.profiler.collect import collect, rank_files
 from dpro.profiler.config import ENV_OUT, ENV_STEPS, ENV_WARMUP
+from dpro.profiler.horovod import TIMELINE_NAME
+
+#: Horovod writes its timeline (rank 0 only) where this says; harmless for other jobs
+ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,29 @@ def check_output_dir(out: Path, force: bool) -> None:
         raise DproInputError(out, "cannot write here (permission denied)")
 
 
+def user_timeline(cmd: list[str], env: dict[str, str]) -> Path | None:
+    """Where the job's Horovod timeline goes if the user chose (horovodrun option or environment)."""
+    for i, a in enumerate(cmd):
+        if a == "--timeline-filename" and i + 1 < len(cmd):
+            return Path(cmd[i + 1])
+        if a.startswith("--timeline-filename="):
+            return Path(a.split("=", 1)[1])
+    v = env.get(ENV_HOROVOD_TIMELINE, "")
+    return Path(v) if v and v.upper() != "DYNAMIC" else None
+
+
+def keep_timeline(src: Path | None, raw: Path, since: float) -> None:
+    """Copy a user-placed Horovod timeline written by this job into the recording dir."""
+    dest = raw / TIMELINE_NAME
+    if src is None or dest.exists():
+        return
+    try:
+        if src.is_file() and src.stat().st_mtime >= since - 1.0:
+            shutil.copyfile(src, dest)
+    except OSError as e:
+        log.warning("dpro: cannot copy the Horovod timeline %s: %s", src, e)
+
+
 def run_job(cmd: list[str], env: dict[str, str]) -> int:
     """Run the job with inherited stdio; forward SIGINT/SIGTERM; return its exit code."""
     try:
@@ -72,8 +100,13 @@ def profile_job(
     raw = Path(tempfile.mkdtemp(dir=out.resolve().parent, prefix=f".{out.name}.raw-"))
     env = dict(os.environ)
     env.update({ENV_OUT: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
+    theirs = user_timeline(cmd, env)
+    if theirs is None and not env.get(ENV_HOROVOD_TIMELINE):
+        env[ENV_HOROVOD_TIMELINE] = str(raw.resolve() / TIMELINE_NAME)
     try:
+        started = time.time()
         rc = run_job(cmd, env)
+        keep_timeline(theirs, raw, started)
         n = len(rank_files(raw))
         if n == 0:
             why = f"the job exited with code {rc}" if rc else "the job finished"

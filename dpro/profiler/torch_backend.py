@@ -33,11 +33,23 @@ log = logging.getLogger(__name__)
 
 
 def _rank_world() -> tuple[int, int, str | None]:
+    """(rank, world size, communication library) from torch.distributed, Horovod or the env."""
+    import sys
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None:
+        try:
+            return int(hvd.rank()), int(hvd.size()), "horovod"
+        except ValueError:  # imported but not initialised
+            pass
+    env = os.environ
+    if "HOROVOD_RANK" in env:
+        return int(env["HOROVOD_RANK"]), int(env.get("HOROVOD_SIZE", 1)), "horovod"
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), None
 
 
 class TorchBackend:
