@@ -16,6 +16,7 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[test]"
+	$(MAKE) -s -C native/nccl_patch
 
 # Horovod 0.28.1, CPU-only with gloo, built from its sdist (see scripts/install_horovod.sh).
 horovod: setup

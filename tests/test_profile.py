@@ -128,3 +128,23 @@ def test_job_crashing_mid_window(tmp_path):
     gt = load_gtrace(out)
     assert gt.manifest.steps == [4, 5, 6]  # the complete steps before the crash
     assert replay(gt).predicted_iteration_us > 0
+
+
+def test_nccl_plugin_is_loaded_into_jobs(tmp_path, monkeypatch):
+    """`dpro profile` points NCCL at dpro's profiler plugin (built by `make setup`) and its
+    output at the recording directory, unless the user chose a plugin."""
+    from dpro.profiler.launcher import NCCL_PLUGIN_NAME, nccl_plugin_env, nccl_plugin_library
+
+    lib = tmp_path / NCCL_PLUGIN_NAME
+    lib.write_bytes(b"")
+    monkeypatch.setenv("DPRO_NCCL_PLUGIN", str(lib))
+    assert nccl_plugin_library() == lib
+    env: dict[str, str] = {}
+    nccl_plugin_env(env, tmp_path / "raw")
+    assert env == {"NCCL_PROFILER_PLUGIN": str(lib), "DPRO_NCCL_TRACE_DIR": str((tmp_path / "raw" / "nccl").resolve())}
+    env = {"NCCL_PROFILER_PLUGIN": "/their/plugin.so"}
+    nccl_plugin_env(env, tmp_path / "raw")
+    assert env == {"NCCL_PROFILER_PLUGIN": "/their/plugin.so"}
+    monkeypatch.delenv("DPRO_NCCL_PLUGIN")
+    built = REPO / "native" / "nccl_patch" / "build" / NCCL_PLUGIN_NAME
+    assert nccl_plugin_library() == (built if built.is_file() else None)

@@ -70,6 +70,23 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
     nt.meta = {k: meta[k] for k in ("framework_version", "ddp", "buckets", "steps") if k in meta}
 
 
+def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
+    """Replace coarse NCCL collectives by the per-chunk SEND/RECV the plugin measured."""
+    from dpro.importers.nccl_plugin import kineto_time_offsets, replace_collectives
+
+    with tempfile.TemporaryDirectory(prefix="dpro-nccl-") as tmp:
+        for f in rank_files(raw):
+            shutil.copy2(f, Path(tmp) / f.name)
+        offsets = kineto_time_offsets(Path(tmp))
+    try:
+        res = replace_collectives(gt, nccl, time_offset_us=offsets or None)
+    except DproInputError as e:
+        gt.notes.append(f"NCCL plugin output not used ({e}): collectives use the ring model")
+        return gt
+    res.gtrace.notes += res.notes
+    return res.gtrace
+
+
 def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
     """Import a recording directory (``rank<r>.json.gz`` + ``rank<r>.meta.json``) as a GTrace."""
     if not rank_files(raw):
@@ -92,6 +109,9 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
         gt.manifest.world_size = max(gt.manifest.world_size, int(any_meta.get("world_size") or 0))
     if (raw / TIMELINE_NAME).is_file():  # a Horovod job: its collectives are in rank 0's timeline
         apply_horovod_timeline(gt, raw / TIMELINE_NAME, raw, metas)
+    nccl = raw / "nccl"
+    if nccl.is_dir() and any(nccl.glob("nccl_rank*.jsonl")):  # dpro's NCCL plugin was loaded
+        gt = _apply_nccl_chunks(gt, raw, nccl)
     gt.manifest.meta["recorder"] = "dpro"
     gt.manifest.meta.pop("files", None)
     missing = sorted(set(range(gt.manifest.world_size)) - {nt.info.rank for nt in gt.nodes.values()})

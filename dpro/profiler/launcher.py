@@ -90,6 +90,30 @@ def run_job(cmd: list[str], env: dict[str, str]) -> int:
             signal.signal(s, h)
 
 
+NCCL_PLUGIN_NAME = "libnccl-profiler-dpro.so"
+NCCL_DIR = "nccl"
+
+
+def nccl_plugin_library() -> Path | None:
+    """dpro's NCCL profiler plugin (``DPRO_NCCL_PLUGIN``, else built in native/nccl_patch)."""
+    if os.environ.get("DPRO_NCCL_PLUGIN"):
+        return Path(os.environ["DPRO_NCCL_PLUGIN"])
+    built = Path(__file__).resolve().parents[2] / "native" / "nccl_patch" / "build" / NCCL_PLUGIN_NAME
+    return built if built.is_file() else None
+
+
+def nccl_plugin_env(env: dict[str, str], raw: Path) -> None:
+    """Load dpro's NCCL plugin into jobs that use NCCL (harmless for others: only NCCL reads it).
+
+    Left alone when the user already set ``NCCL_PROFILER_PLUGIN`` or the plugin is not built.
+    """
+    lib = nccl_plugin_library()
+    if lib is None or env.get("NCCL_PROFILER_PLUGIN"):
+        return
+    env["NCCL_PROFILER_PLUGIN"] = str(lib)
+    env.setdefault("DPRO_NCCL_TRACE_DIR", str(raw.resolve() / NCCL_DIR))
+
+
 def profile_job(
     args: list[str], out: Path, *, warmup: int, steps: int, force: bool = False, progress: bool | None = None
 ) -> ProfileOutcome:
@@ -100,6 +124,7 @@ def profile_job(
     raw = Path(tempfile.mkdtemp(dir=out.resolve().parent, prefix=f".{out.name}.raw-"))
     env = dict(os.environ)
     env.update({ENV_OUT: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
+    nccl_plugin_env(env, raw)
     theirs = user_timeline(cmd, env)
     if theirs is None and not env.get(ENV_HOROVOD_TIMELINE):
         env[ENV_HOROVOD_TIMELINE] = str(raw.resolve() / TIMELINE_NAME)
