@@ -22,8 +22,12 @@ setup: $(BIN)/python
 horovod: setup
 	HOROVOD_WHEEL_CACHE=$(HOROVOD_WHEEL_CACHE) scripts/install_horovod.sh $(BIN)/python
 
+# The main job: replay the bundled real trace, then profile a live 2-rank DDP run and replay it.
 demo: setup
-	$(BIN)/dpro replay examples/traces/ddp_gloo_2rank_mlp --timeline out/demo_timeline.json
+	$(BIN)/dpro replay examples/traces/ddp_gloo_2rank_mlp --timeline out/demo_bundled_timeline.json
+	$(BIN)/dpro profile -o out/demo_trace --force -- $(BIN)/torchrun --nproc_per_node 2 \
+		--master_addr 127.0.0.1 --master_port 29599 examples/pytorch/ddp_recorder.py --model mlp --bucket-cap-mb 10
+	$(BIN)/dpro replay out/demo_trace --timeline out/demo_timeline.json
 
 test: setup horovod
 	$(BIN)/python -m pytest -q
