@@ -44,6 +44,7 @@ Usage (as root for capped jobs)::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import fnmatch
 import json
 import os
@@ -64,6 +65,10 @@ sys.path.insert(0, str(HERE))
 from netns import NetnsCluster, install_teardown_signals, restore_signals, tbf_args  # noqa: E402
 
 TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_ddp.py"
+HVD_TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_horovod.py"
+HVD_RECORDER_SCRIPT = REPO / "examples" / "pytorch" / "hvd_recorder.py"
+#: Horovod (gloo) jobs: loopback only (horovodrun across namespaces is not set up here)
+HVD_MODELS = ("mlp", "transformer")
 DEFAULT_PYTHON = "/work/venv/bin/python"
 MODELS = ("mlp", "convnet", "transformer")
 WORLD_SIZES = (2, 4)
@@ -84,12 +89,13 @@ class Job:
     model: str
     world: int
     cap_mbit: float | None  # None: loopback via torchrun, no namespaces
+    horovod: bool = False  # Horovod (gloo) via horovodrun instead of DDP via torchrun
 
     @property
     def name(self) -> str:
-        """E.g. ``mlp-2r-nocap`` or ``mlp-4r-cap1000``."""
+        """E.g. ``mlp-2r-nocap``, ``mlp-4r-cap1000`` or ``hvd-mlp-2r-nocap``."""
         cap = "nocap" if self.cap_mbit is None else f"cap{self.cap_mbit:g}"
-        return f"{self.model}-{self.world}r-{cap}"
+        return f"{'hvd-' if self.horovod else ''}{self.model}-{self.world}r-{cap}"
 
 
 @dataclass
@@ -142,6 +148,8 @@ def build_matrix(cap_override: float | None) -> list[Job]:
         for world in WORLD_SIZES:
             cap = cap_override if cap_override is not None else DEFAULT_CAP_MBIT[model]
             jobs += [Job(model, world, None), Job(model, world, cap)]
+    if importlib.util.find_spec("horovod") is not None:
+        jobs += [Job(model, 2, None, horovod=True) for model in HVD_MODELS]
     return jobs
 
 
@@ -186,6 +194,22 @@ def train_args(job: Job, opts: argparse.Namespace, run_dir: Path, tag: str, prof
     if profiled:
         args += ["--active", str(opts.active), "--profile-dir", str(run_dir / "trace")]
     return args
+
+
+def horovodrun_command(job: Job, opts: argparse.Namespace, script: Path, args: list[str]) -> list[str]:
+    """One ``horovodrun`` command launching all ranks on this host (gloo)."""
+    hvdrun = str(Path(opts.python).parent / "horovodrun")
+    return [hvdrun, "-np", str(job.world), "--gloo", "-H", f"localhost:{job.world}", opts.python, str(script), *args]
+
+
+def dpro_profile_command(job: Job, opts: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The profiled Horovod run: the two-line recorder under ``dpro profile`` (trace in run_dir/trace)."""
+    args = ["--model", job.model, "--steps", str(opts.warmup + opts.active + 1)]
+    if opts.batch_size:
+        args += ["--batch-size", str(opts.batch_size)]
+    return [opts.python, "-m", "dpro.cli", "profile", "-o", str(run_dir / "trace"), "--force",
+            "--warmup", str(opts.warmup), "--steps", str(opts.active), "--",
+            *horovodrun_command(job, opts, HVD_RECORDER_SCRIPT, args)]
 
 
 def torchrun_command(job: Job, opts: argparse.Namespace, port: int, args: list[str]) -> list[str]:
@@ -325,14 +349,18 @@ def launch(job: Job, opts: argparse.Namespace, net: NetnsCluster | None, ports: 
     profiled = tag == "profiled"
     args = train_args(job, opts, run_dir, tag, profiled)
     port = ports.take()
-    cmds = [torchrun_command(job, opts, port, args)] if net is None else netns_commands(net, opts, port, args)
+    if job.horovod:
+        cmds = [dpro_profile_command(job, opts, run_dir) if profiled
+                else horovodrun_command(job, opts, HVD_TRAIN_SCRIPT, args)]
+    else:
+        cmds = [torchrun_command(job, opts, port, args)] if net is None else netns_commands(net, opts, port, args)
     if opts.wait_quiet > 0:
         wait_for_quiet(opts.wait_quiet, FOREIGN_CPU_WARN_PCT, log)
     t0, cpu0 = time.monotonic(), CpuMeter()
     err = run_processes(cmds, run_dir / f"logs_{tag}", opts.run_timeout, log)
     res = RunResult(ok=err is None, wall_s=time.monotonic() - t0, commands=cmds, error=err,
                     foreign_cpu_pct=cpu0.foreign_pct())
-    if res.ok:
+    if res.ok and not (job.horovod and profiled):  # the recorder writes no timing file
         try:
             res.timings = [json.loads((run_dir / f"timing_{tag}_rank{r}.json").read_text())
                            for r in range(job.world)]
@@ -448,10 +476,13 @@ def run_job(job: Job, opts: argparse.Namespace, ports: PortAllocator, log: Logge
         res.measured_run_medians_ms = [m / 1e3 for m in medians]
         res.noise_pct = iqr_pct(steps)
     if prof.ok:
-        p, steps = profiled_us(prof)
-        res.profiled_ms, res.profiled_steps_ms = p / 1e3, [s / 1e3 for s in steps]
         res.trace_dir = str(run_dir / "trace")
+        if prof.timings:
+            p, steps = profiled_us(prof)
+            res.profiled_ms, res.profiled_steps_ms = p / 1e3, [s / 1e3 for s in steps]
         _fill_replay(res, Path(res.trace_dir), opts, log)
+        if res.profiled_ms is None:  # Horovod: profiled by dpro's recorder; its steps are the trace's
+            res.profiled_ms = res.trace_ms
     if res.measured_ms and res.profiled_ms:
         res.overhead_pct = 100.0 * (res.profiled_ms / res.measured_ms - 1.0)
     busy = [r.foreign_cpu_pct for r in used + [prof] if r.ok and r.foreign_cpu_pct is not None]
