@@ -10,12 +10,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hvd_util import horovod_skip_reason, horovodrun
 
 from dpro.errors import DproInputError
 from dpro.profiler.horovod_timeline import (
@@ -28,21 +28,6 @@ from dpro.profiler.horovod_timeline import (
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "pytorch" / "train_horovod.py"
 STEPS, WARMUP, ACTIVE = 5, 2, 2
-
-
-def _horovod_skip_reason() -> str | None:
-    try:
-        import horovod.torch  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-        return f"horovod.torch is not importable ({type(e).__name__}: {e}); run scripts/install_horovod.sh"
-    if _horovodrun() is None:
-        return "horovodrun not found next to the python interpreter or on PATH"
-    return None
-
-
-def _horovodrun() -> str | None:
-    local = Path(sys.executable).parent / "horovodrun"
-    return str(local) if local.is_file() else shutil.which("horovodrun")
 
 
 # ------------------------------------------------------------------------------ real job
@@ -67,12 +52,12 @@ def _check_op_intervals(op: TensorOp) -> None:
 
 @pytest.fixture(scope="module")
 def hvd_job(tmp_path_factory) -> Path:
-    reason = _horovod_skip_reason()
+    reason = horovod_skip_reason()
     if reason:
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("hvd")
     cmd = [
-        _horovodrun(), "-np", "2", "--gloo", "-H", "localhost:2",
+        horovodrun(), "-np", "2", "--gloo", "-H", "localhost:2",
         "--timeline-filename", str(out / "timeline.json"),
         sys.executable, str(TRAIN), "--model", "mlp", "--batch-size", "16",
         "--steps", str(STEPS), "--warmup", str(WARMUP), "--active", str(ACTIVE),

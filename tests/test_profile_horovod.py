@@ -8,12 +8,12 @@ collectives come from rank 0's Horovod timeline (dpro/profiler/horovod.py). Skip
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hvd_util import horovod_skip_reason, horovodrun
 
 from dpro.gtrace.io import load_gtrace
 from dpro.profiler.horovod import TIMELINE_NAME
@@ -25,31 +25,16 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "pytorch" / "hvd_recorder.py"
 
 
-def _horovodrun() -> str | None:
-    local = Path(sys.executable).parent / "horovodrun"
-    return str(local) if local.is_file() else shutil.which("horovodrun")
-
-
-def _skip_reason() -> str | None:
-    try:
-        import horovod.torch  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-        return f"horovod.torch is not importable ({type(e).__name__}: {e}); run scripts/install_horovod.sh"
-    if _horovodrun() is None:
-        return "horovodrun not found next to the python interpreter or on PATH"
-    return None
-
-
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory) -> Path:
-    reason = _skip_reason()
+    reason = horovod_skip_reason()
     if reason:
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("hvdprof") / "traces"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("HOROVOD_TIMELINE", None)
     cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "4", "--steps", "7", "--",
-           _horovodrun(), "-np", "2", "--gloo", "-H", "localhost:2",
+           horovodrun(), "-np", "2", "--gloo", "-H", "localhost:2",
            sys.executable, str(EXAMPLE), "--model", "mlp", "--steps", "13"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

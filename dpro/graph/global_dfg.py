@@ -16,7 +16,6 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
@@ -160,15 +159,15 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
     info.link_cost = cost
     expand = set(complete) if (opts.expand_collectives and cost is not None) else set()
 
-    consumer_of = {c: p for p, c in PAIRS.items()}
-    produced = {
-        (op.sub_op, op.txn) for nt in gt.nodes.values() for op in nt.ops.values()
-        if op.cat == "COMM" and op.sub_op in PAIRS and op.txn is not None
-    }
-    paired_consumers = {
-        (op.sub_op, op.txn) for nt in gt.nodes.values() for op in nt.ops.values()
-        if op.cat == "COMM" and op.sub_op in consumer_of and (consumer_of[op.sub_op], op.txn) in produced
-    }
+    # Fine-grained producer -> consumer pairs (SEND -> RECV, PUSH_REQ -> PUSH_RES, ...).
+    by_txn: dict[tuple[str, str], tuple[str, str]] = {}
+    for name, nt in gt.nodes.items():
+        for op in nt.ops.values():
+            if op.cat == "COMM" and op.sub_op not in COARSE_SUB_OPS and op.txn is not None:
+                by_txn[(op.sub_op, op.txn)] = (name, op.id)
+    pairs = [(by_txn[(prod, txn)], by_txn[(cons, txn)])
+             for prod, cons in PAIRS.items() for (sub, txn) in by_txn if sub == prod and (cons, txn) in by_txn]
+    paired_consumers = {consumer for _, consumer in pairs}
     b = GraphBuilder()
     idx: dict[tuple[str, str], int] = {}
     ends: dict[tuple[str, str], int] = {}  # op whose end stands for the local op's end (OUT for expanded)
@@ -185,7 +184,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
             else:
                 # A consumer (RECV, PUSH_RES, PULL_RES) whose producer is in the trace waits for it
                 # through a cross-node edge; its local gap would count that wait a second time.
-                gap = 0.0 if op.cat == "COMM" and (op.sub_op, op.txn) in paired_consumers else s.gap
+                gap = 0.0 if (name, op.id) in paired_consumers else s.gap
                 i = b.op(f"{name}/{op.id}", s.dur, gap, op.cat, d, s.offset)
                 idx[(name, op.id)] = ends[(name, op.id)] = i
         for u, v in nt.edges:
@@ -222,16 +221,8 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
         info.expanded += 1
     info.kept_coarse = len(groups) - len(expand)
 
-    # Fine-grained producer -> consumer pairs (SEND -> RECV, PUSH_REQ -> PUSH_RES, ...).
-    by_txn: dict[tuple[str, str], tuple[str, str]] = {}
-    for name, nt in gt.nodes.items():
-        for op in nt.ops.values():
-            if op.cat == "COMM" and op.sub_op not in COARSE_SUB_OPS and op.txn is not None:
-                by_txn[(op.sub_op, op.txn)] = (name, op.id)
-    for prod, cons in PAIRS.items():
-        for (sub, txn), key in by_txn.items():
-            if sub == prod and (cons, txn) in by_txn:
-                b.edge(ends[key], idx[by_txn[(cons, txn)]])
+    for producer, consumer in pairs:
+        b.edge(ends[producer], idx[consumer])
 
     g = b.compile({"link_cost": cost})
     return g, info
