@@ -158,13 +158,16 @@ def test_real_replay_with_and_without_alignment(ddp4):
         return res.build.link_cost.step_us(chunk)
 
     t0 = step_us(base)
+    # what alignment reproduces exactly (it is shift-equivariant) is the aligned unskewed trace,
+    # whose link fit can differ from the raw one by a few % where offsets are not identifiable
+    t_aligned = step_us(replay(apply_offsets(ddp4, r0.offsets_us), align_clocks=False))
     worst_err = worst_link = 0.0
     for d in (-100_000.0, -30_000.0, -10_000.0, 10_000.0, 30_000.0, 100_000.0):
         skewed = inject(ddp4, {"hostB": d})
         raw = replay(skewed, align_clocks=False)
         fixed = replay(skewed)  # aligned by default
         assert abs(fixed.error_pct - base.error_pct) <= 1.0, (d, base.error_pct, raw.error_pct, fixed.error_pct)
-        assert abs(step_us(fixed) / t0 - 1) <= 0.05
+        assert abs(step_us(fixed) / t_aligned - 1) <= 0.05
         worst_err = max(worst_err, abs(raw.error_pct - base.error_pct))
         worst_link = max(worst_link, abs(step_us(raw) / t0 - 1))
     assert worst_link >= 0.03, worst_link
