@@ -31,7 +31,7 @@ class AlignOptions:
     #: weight of O1c (collective length variance across steps); see above
     a1_coll: float = 0.0
     #: weight of O2 (offsets of nodes on the same host); large: one host, one clock
-    a2: float = 1000.0
+    a2: float = 1e5
     #: weight of O3 (end spread of coarse collectives)
     a3: float = 1.0
     #: weight of the tie-break T (keep it tiny: it only decides flat directions)
