@@ -87,8 +87,30 @@ def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
     return res.gtrace
 
 
+def recorded_framework(raw: Path) -> str:
+    """The framework the ranks of a recording directory recorded (their ``meta.json``)."""
+    for f in sorted(raw.glob(f"rank*{META_SUFFIX}")):
+        m = read_json(f)
+        if isinstance(m, dict) and isinstance(m.get("framework"), str):
+            return m["framework"]
+    return "pytorch"
+
+
 def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
-    """Import a recording directory (``rank<r>.json.gz`` + ``rank<r>.meta.json``) as a GTrace."""
+    """Import a recording directory as a GTrace (dispatching on the recorded framework).
+
+    PyTorch ranks write ``rank<r>.json.gz`` (Kineto) + ``rank<r>.meta.json``; other
+    frameworks have their own collector module.
+    """
+    framework = recorded_framework(raw)
+    if framework == "tensorflow":
+        from dpro.profiler.tf_collect import collect_tf
+
+        return collect_tf(raw, progress=progress)
+    if framework == "mxnet":
+        from dpro.profiler.mxnet_collect import collect_mxnet
+
+        return collect_mxnet(raw, progress=progress)
     if not rank_files(raw):
         raise DproInputError(raw, "no rank traces were recorded (rank*.json.gz)")
     with tempfile.TemporaryDirectory(prefix="dpro-collect-") as tmp:

@@ -43,6 +43,14 @@ def _backend_for(model: Any, config: RecordConfig) -> Backend:
         from dpro.profiler.torch_backend import TorchBackend
 
         return TorchBackend(model, config)
+    if mod.startswith(("keras", "tensorflow", "tf_keras")):
+        from dpro.profiler.tf_backend import TFBackend
+
+        return TFBackend(model, config)
+    if mod.startswith("mxnet"):
+        from dpro.profiler.mxnet_backend import MXNetBackend
+
+        return MXNetBackend(model, config)
     raise TypeError(f"dpro.Recorder: unsupported model type {type(model).__module__}.{type(model).__name__}")
 
 
