@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import os
+import shutil
 import tempfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from dpro.errors import DproInputError
+
+log = logging.getLogger(__name__)
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -103,3 +108,48 @@ def write_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:
         dump_json(path, obj, gz=gz)
     except OSError as e:
         raise DproInputError(path, write_problem(path, e)) from None
+
+
+def check_writable_dir(root: Path, force: bool) -> None:
+    """Refuse to write directory ``root`` over a file, or over a non-empty one without ``force``."""
+    if root.exists() and not root.is_dir():
+        raise DproInputError(root, "already exists and is not a directory")
+    if root.is_dir() and any(root.iterdir()) and not force:
+        raise DproInputError(root, "already exists and is not empty (use --force to replace it)")
+    blocker = not_a_dir_ancestor(root)
+    if blocker is not None:
+        raise DproInputError(root, f"cannot write: {blocker} is a file, not a directory")
+
+
+def write_dir_atomically(root: Path, fill: Callable[[Path], None]) -> None:
+    """Write a directory: ``fill`` a temporary sibling, then swap it in for ``root``.
+
+    A failure never leaves half a directory and keeps any previous ``root``.
+    File-system problems become a DproInputError naming ``root``.
+    """
+    tmp: Path | None = None
+    old: Path | None = None
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.tmp"))
+        os.chmod(tmp, DIR_MODE)
+        fill(tmp)
+        if root.exists():
+            old = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old"))
+            root.rename(old / "x")
+        tmp.rename(root)
+        tmp = None
+    except OSError as e:
+        raise DproInputError(root, f"cannot write: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            if not root.exists() and (old / "x").exists():
+                try:
+                    (old / "x").rename(root)  # the swap failed: put the old directory back
+                except OSError:
+                    log.warning("could not restore %s; the previous copy is kept in %s", root, old / "x")
+                    old = None
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)

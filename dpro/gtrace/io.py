@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,7 +22,7 @@ from dpro.gtrace.schema import (
     Op,
     Tensor,
 )
-from dpro.jsonio import DIR_MODE, dump_json, not_a_dir_ancestor, read_json
+from dpro.jsonio import check_writable_dir, dump_json, read_json, write_dir_atomically
 
 log = logging.getLogger(__name__)
 
@@ -283,24 +280,14 @@ def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bo
     from dpro.gtrace.validate import validate
 
     root = Path(root)
-    if root.exists() and not root.is_dir():
-        raise DproInputError(root, "already exists and is not a directory")
-    if root.is_dir() and any(root.iterdir()) and not force:
-        raise DproInputError(root, "already exists and is not empty (use --force to replace it)")
-    blocker = not_a_dir_ancestor(root)
-    if blocker is not None:
-        raise DproInputError(root, f"cannot write: {blocker} is a file, not a directory")
+    check_writable_dir(root, force)
     if check:
         validate(gt)
     for info in gt.manifest.nodes:
         if info.name not in gt.nodes:
             raise DproInputError(root, f"manifest lists node '{info.name}' but the trace has no data for it")
-    tmp: Path | None = None
-    old: Path | None = None
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.tmp"))
-        os.chmod(tmp, DIR_MODE)
+
+    def fill(tmp: Path) -> None:
         for pid, info in enumerate(gt.manifest.nodes):
             nt = gt.nodes[info.name]
             if not _safe_name(info.events):
@@ -315,23 +302,6 @@ def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bo
                 dfg["meta"] = nt.meta
             dump_json(tmp / info.dfg, dfg)
         dump_json(tmp / MANIFEST, gt.manifest.to_json())
-        if root.exists():
-            old = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old"))
-            root.rename(old / "x")
-        tmp.rename(root)
-        tmp = None
-    except OSError as e:
-        raise DproInputError(root, f"cannot write: {e.strerror or e}") from None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            if not root.exists() and (old / "x").exists():
-                try:
-                    (old / "x").rename(root)  # the swap failed: put the old trace back
-                except OSError:
-                    log.warning("could not restore %s; the previous trace is kept in %s", root, old / "x")
-                    old = None
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+
+    write_dir_atomically(root, fill)
     return root
