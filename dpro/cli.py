@@ -59,7 +59,9 @@ def cli(verbose: int) -> None:
       dpro replay traces/ --json     the same as one JSON object
       dpro validate traces/          check a trace directory
       dpro align traces/             clock offsets between hosts (CVXPY)
+      dpro optimize traces/ -o out/  a faster strategy (fusion, partition) and its settings
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
+      dpro import byteps DIR -o OUT  convert BytePS traces (docs/byteps.md)
 
     Times are in microseconds and sizes in bytes in every file and JSON output.
     """
@@ -172,6 +174,68 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
         click.echo(f"  note: {note}")
 
 
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path), required=False)
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Write the summary and the strategy files (ddp.json, horovod.json, ...) here.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--budget", default=30.0, show_default=True, help="Search time budget in seconds.")
+@click.option("--passes", "pass_names", default=None,
+              help="Comma-separated passes to search with (default: every throughput pass).")
+@click.option("--load-pass", "modules", multiple=True, metavar="MODULE",
+              help="Import MODULE and use the passes it marks with @dpro.passes.register (repeatable).")
+@click.option("--list-passes", is_flag=True, help="List the available passes and exit.")
+@click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
+@_rank_opt
+def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool, budget: float, pass_names: str | None,
+             modules: tuple[str, ...], list_passes: bool, no_align: bool, rank_pattern: str) -> None:
+    """Search a faster strategy for the job traced in PATH and say how to apply it.
+
+    \b
+    Walks the replayed critical path (dPRO's Algorithm 1) with the graph passes
+    (tensor fusion, op fusion, tensor partition, and any --load-pass), replays every
+    change, and keeps those that make the iteration faster. Prints the predicted
+    iteration time before/after, next to the library defaults (DDP 25 MiB buckets,
+    Horovod fusion, fuse everything, no fusion), and with -o writes the settings
+    the libraries take: ddp.json (bucket_cap_mb), horovod.json/.env (groups,
+    fusion threshold), byteps.env, compile.json (layers to compile).
+    """
+    from dpro.passes.registry import default_registry
+
+    if budget <= 0:
+        raise click.BadParameter("must be positive", param_hint="--budget")
+    reg = default_registry(list(modules))
+    if list_passes:
+        for p in reg:
+            click.echo(f"{p.name:<20} {p.kind:<11} {(p.__doc__ or '').strip().splitlines()[0] if p.__doc__ else ''}")
+        return
+    if path is None:
+        raise click.UsageError("Missing argument 'PATH'.")
+    names = [n.strip() for n in pass_names.split(",") if n.strip()] if pass_names else None
+    passes = reg.select(names) if names else [p for p in reg if p.kind == "throughput"]
+    if output is not None:
+        from dpro.jsonio import check_writable_dir
+
+        check_writable_dir(output, force)  # before the search, not after it
+    from dpro.loader import open_trace
+    from dpro.optimizer.optimize import optimize as run_optimize
+    from dpro.optimizer.output import summary_text, write_strategy_dir
+    from dpro.progress import progress_bar
+
+    gt = open_trace(path, rank_pattern)
+    with progress_bar(1000, "optimizing") as tick:
+        res = run_optimize(gt, passes=passes, budget_s=budget, align_clocks=not no_align, tick=tick)
+    if output is not None:
+        write_strategy_dir(res, output, force=force)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(res.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    click.echo(summary_text(res), nl=False)
+    if output is not None:
+        click.echo(f"\nwrote {output}/ (summary.txt, strategy.json and the files above)")
+
+
 @cli.command(name="align")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
@@ -238,6 +302,15 @@ def import_kineto_cmd(path: Path, output: Path, force: bool, rank_pattern: str) 
     gt = import_kineto(path, rank_pattern)
     write_gtrace(gt, output, force=force)
     click.echo(f"wrote {output} ({len(gt.nodes)} nodes)")
+
+
+def _add_plugin_commands() -> None:
+    from dpro.importers.byteps import add_byteps_command
+
+    add_byteps_command(import_)
+
+
+_add_plugin_commands()
 
 
 def main() -> None:
