@@ -178,9 +178,33 @@ def _grad_names(metas: dict[int, dict]) -> dict[str, dict]:
     return {str(p["name"]): p for p in meta.get("params", []) if p.get("requires_grad", True)}
 
 
+_GROUPED = re.compile(r"grouped_allreduce\.(.+)_(\d+)of(\d+)")
+
+
 def _timeline_names(tl: HorovodTimeline, params: dict[str, dict]) -> dict[str, str]:
-    """Timeline tensor name -> parameter name (``allreduce.<name>`` from named_parameters)."""
+    """Timeline tensor name -> parameter name.
+
+    ``allreduce.<name>`` (named_parameters); with ``groups=``, Horovod names the i-th of a
+    group's n tensors ``grouped_allreduce.<first parameter>_<i>of<n>``: the group's members
+    are taken to follow its first parameter in registration order (``groups=<int>``) or in
+    reverse order (gradient-ready order, as `dpro optimize` writes groups), whichever
+    names every tensor once.
+    """
     out = {f"allreduce.{n}": n for n in params if f"allreduce.{n}" in tl.tensors}
+    grouped = [(t, m) for t in tl.tensors if (m := _GROUPED.fullmatch(t))]
+    for order in (list(params), list(reversed(params))):
+        pos = {n: i for i, n in enumerate(order)}
+        found: dict[str, str] = {}
+        for t, m in grouped:
+            first, i, n = m.group(1), int(m.group(2)), int(m.group(3))
+            j = pos.get(first)
+            if j is None or not 1 <= i <= n or j + n > len(order):
+                break
+            found[t] = order[j + i - 1]
+        else:
+            if len(set(found.values())) == len(found) and not set(found.values()) & set(out.values()):
+                out.update(found)
+                break
     return out
 
 

@@ -30,11 +30,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--crash-at", type=int, default=None, help="raise in this step (to test failures)")
+    p.add_argument("--dpro-strategy", default=None, help="a `dpro optimize -o` directory: use its ddp.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     model, make_batch, loss_fn = build(args.model)
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    ddp_args = {"bucket_cap_mb": args.bucket_cap_mb}
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import ddp_kwargs
+
+        ddp_args = ddp_kwargs(args.dpro_strategy)
+    ddp = DDP(model, **ddp_args)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     batch = make_batch(args.batch_size or DEFAULT_BATCH_SIZE[args.model])
 

@@ -17,6 +17,7 @@ horovodrun parses the script's options too and rejects ambiguous prefixes of its
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,16 +36,26 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--crash-at", type=int, default=None, help="raise in this step (to test failures)")
+    p.add_argument("--dpro-strategy", default=None, help="a `dpro optimize -o` directory: use its horovod.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     try:
         import horovod.torch as hvd
     except ImportError as e:
         raise SystemExit(f"hvd_recorder.py: horovod.torch is not importable ({e}); run scripts/install_horovod.sh")
+    groups = None
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import horovod_env
+
+        os.environ.update(horovod_env(args.dpro_strategy))  # read by hvd.init()
     hvd.init()
     model, make_batch, loss_fn = build(args.model)
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import horovod_groups
+
+        groups = horovod_groups(args.dpro_strategy, model.named_parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), groups=groups)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     batch = make_batch(args.batch_size or DEFAULT_BATCH_SIZE[args.model])
 

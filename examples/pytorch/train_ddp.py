@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="steps before timing/profiling starts")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP gradient bucket size in MiB (default: DDP's, 25 MiB with a 1 MiB first bucket)")
+    p.add_argument("--dpro-strategy", default=None,
+                   help="a `dpro optimize -o` directory: take bucket_cap_mb from its ddp.json")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--profile-dir", type=Path, default=None, help="write rank{rank}.json.gz here")
     p.add_argument("--active", type=int, default=5, help="profiled steps (with --profile-dir)")
@@ -68,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH_SIZE[args.model]
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import ddp_kwargs
+
+        args.bucket_cap_mb = ddp_kwargs(args.dpro_strategy)["bucket_cap_mb"]
     _check_args(p, args)
     return args
 

@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch (default: per model)")
     p.add_argument("--steps", type=int, default=20, help="total steps, warm-up included")
     p.add_argument("--warmup", type=int, default=5, help="steps before timing/profiling starts")
+    p.add_argument("--dpro-strategy", default=None,
+                   help="a `dpro optimize -o` directory: use its horovod.json (groups, fusion threshold)")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--profile-dir", type=Path, default=None, help="write rank{rank}.json.gz here")
     p.add_argument("--active", type=int, default=5, help="profiled steps (with --profile-dir)")
@@ -134,7 +136,12 @@ def train(args: argparse.Namespace, hvd: Any) -> tuple[list[float], list[float],
     rank = hvd.rank()
     model, make_batch, loss_fn = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    groups = None
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import horovod_groups
+
+        groups = horovod_groups(args.dpro_strategy, model.named_parameters())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), groups=groups)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     batches = [make_batch(args.batch_size) for _ in range(NUM_BATCHES)]
     if rank == 0:
@@ -242,6 +249,10 @@ def main(argv: list[str] | None = None) -> None:
     if "HOROVOD_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
         print("[train_horovod] warning: no HOROVOD_RANK in the environment; running as a "
               "single process (launch with horovodrun)", file=sys.stderr, flush=True)
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import horovod_env
+
+        os.environ.update(horovod_env(args.dpro_strategy))  # read by hvd.init()
     hvd.init()
     init_epoch_us = time.time() * 1e6
     try:

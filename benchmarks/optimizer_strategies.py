@@ -1,0 +1,110 @@
+"""Predicted vs measured: the strategy `dpro optimize` picks against the baselines, on real DDP runs.
+
+1. profile a real 2-rank DDP (gloo) job as a user would run it (``--bucket-cap-mb 25``):
+   ``dpro profile -- torchrun ... examples/pytorch/ddp_recorder.py``;
+2. ``dpro optimize`` it, which writes ``ddp.json`` (``bucket_cap_mb``);
+3. run the unprofiled training script (examples/pytorch/train_ddp.py, its own timer) with the
+   job's setting, DDP's default, dpro's ``--dpro-strategy``, no fusion and fuse-everything,
+   ``--repeats`` times each, interleaved; print predicted and measured iteration times
+   (medians) and the speed-ups over the job as profiled.
+
+    python benchmarks/optimizer_strategies.py --model mlp --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, **kw)
+
+
+def torchrun(port: int, nproc: int, script: str, args: list[str]) -> list[str]:
+    return [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+            "--master_port", str(port), script, *args]
+
+
+def measure(port: int, args: argparse.Namespace, extra: list[str], out: Path) -> float:
+    """Median step (µs) over ranks' mean, by train_ddp.py's own timer."""
+    timing = out / "timing_rank{rank}.json"
+    run(torchrun(port, args.nproc, "examples/pytorch/train_ddp.py",
+                 ["--model", args.model, "--steps", str(args.steps), "--warmup", "5",
+                  "--timing-out", str(timing), *extra]))
+    per_rank = [json.loads((out / f"timing_rank{r}.json").read_text())["step_us"] for r in range(args.nproc)]
+    steps = [statistics.mean(v) for v in zip(*per_rank)]
+    return statistics.median(steps)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--job-cap-mb", type=float, default=25.0, help="the job's own bucket_cap_mb")
+    p.add_argument("--port", type=int, default=29640)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args()
+
+    from dpro.loader import open_trace
+    from dpro.optimizer.evaluate import iteration_us
+    from dpro.optimizer.optimize import ddp_strategy, optimize
+
+    with tempfile.TemporaryDirectory(prefix="dpro-optbench-") as tmp:
+        tmp = Path(tmp)
+        run([str(BIN / "dpro"), "profile", "-o", str(tmp / "trace"), "--", *torchrun(
+            args.port, args.nproc, "examples/pytorch/ddp_recorder.py",
+            ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb)])])
+        run([str(BIN / "dpro"), "optimize", str(tmp / "trace"), "-o", str(tmp / "strategy"), "--budget", "20"])
+        cap = json.loads((tmp / "strategy" / "ddp.json").read_text())["bucket_cap_mb"]
+        res = optimize(open_trace(tmp / "trace"), budget_s=20)
+        m = res.model
+        configs = [
+            ("job as profiled", args.job_cap_mb, ["--bucket-cap-mb", str(args.job_cap_mb)]),
+            ("DDP default", None, []),
+            ("dpro optimize", cap, ["--dpro-strategy", str(tmp / "strategy")]),
+            ("no fusion", 1e-4, ["--bucket-cap-mb", "0.0001"]),
+            ("fuse everything", 1e4, ["--bucket-cap-mb", "10000"]),
+        ]
+        measured: dict[str, list[float]] = {c[0]: [] for c in configs}
+        for rep in range(args.repeats):
+            for i, (name, _, extra) in enumerate(configs):
+                out = tmp / f"run{rep}_{i}"
+                out.mkdir()
+                measured[name].append(measure(args.port + 1 + i, args, extra, out))
+        rows = []
+        for name, c, _ in configs:
+            pred = iteration_us(m, ddp_strategy(m, c))
+            meas = statistics.median(measured[name])
+            rows.append({"config": name, "bucket_cap_mb": c, "buckets": len(ddp_strategy(m, c).groups),
+                         "predicted_us": pred, "measured_us": meas, "error_pct": 100 * (pred - meas) / meas,
+                         "runs_us": measured[name]})
+    base = rows[0]
+    for r in rows:
+        r["predicted_speedup"] = base["predicted_us"] / r["predicted_us"]
+        r["measured_speedup"] = base["measured_us"] / r["measured_us"]
+    if args.json:
+        print(json.dumps({"model": args.model, "nproc": args.nproc, "rows": rows}, indent=1))
+        return
+    print(f"model {args.model}, {args.nproc} ranks (gloo, loopback), medians of {args.repeats} runs x {args.steps - 5} steps")
+    print(f"{'config':<18}{'cap MiB':>10}{'buckets':>8}{'predicted':>12}{'measured':>12}{'error':>8}{'pred x':>8}{'meas x':>8}")
+    for r in rows:
+        cap_s = "default" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:.4g}"
+        print(f"{r['config']:<18}{cap_s:>10}{r['buckets']:>8}{r['predicted_us'] / 1e3:>10.1f}ms{r['measured_us'] / 1e3:>10.1f}ms"
+              f"{r['error_pct']:>+7.1f}%{r['predicted_speedup']:>8.3f}{r['measured_speedup']:>8.3f}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

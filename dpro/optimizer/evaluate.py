@@ -1,0 +1,264 @@
+"""Model + strategy -> a graph of one worker -> replayed iteration time.
+
+The graph (symmetry: every worker is the representative one, so one is enough):
+
+* computation ops on their device queues, with own time + host gap; a fused chain is one
+  op of its estimated duration;
+* per synchronisation group, in launch order: an ``IN`` op on the ``comm`` queue (the
+  launch: the host time of one collective launch; it waits for the group's ``ready``
+  ops and for the previous group's launch, as DDP and Horovod launch in order), then the
+  transfer, then an ``OUT`` op the units' consumers wait for;
+* AllReduce transfer: each of the group's k pieces is a chain of 2(N-1) ring steps of
+  ``alpha + beta * bytes/(k N)`` on the ``link`` device (by symmetry the link out of this
+  worker behaves like every other link);
+* parameter server (``scheme == "ps"``): piece p goes to server ``p mod S``; a push then a
+  pull, each ``alpha + beta * N * bytes/k`` on that server's link (the server's port
+  carries all N workers' pieces).
+
+Partial replay: :func:`sync_time` replays only a group's communication subgraph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpro.graph.comm_model import ring_steps
+from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
+from dpro.optimizer.model import JobModel
+from dpro.optimizer.strategy import Strategy
+from dpro.replayer.engine import Schedule, simulate
+
+KIND_COMP, KIND_IN, KIND_XFER, KIND_OUT = 0, 1, 2, 3
+
+
+@dataclass
+class BuiltGraph:
+    """A compiled graph and, per node, what it stands for."""
+
+    graph: CompiledGraph
+    kind: np.ndarray  #: KIND_* per node
+    group: np.ndarray  #: group index (sync nodes) or -1
+    ops: list[tuple[str, ...]]  #: computation op ids per node (empty for sync nodes)
+    node_of_op: dict[str, int]
+
+
+def _xfer_steps(model: JobModel, nbytes: float, k: int, piece: int) -> list[tuple[str, float]]:
+    """(device, duration) of the transfer steps of one piece."""
+    n, lc = model.world_size, model.link
+    if n <= 1:
+        return []
+    if model.scheme == "ps":
+        s = f"server{piece % max(1, model.servers)}"
+        t = lc.alpha + lc.beta * n * nbytes / k
+        return [(f"link:push:{s}", t), (f"link:pull:{s}", t)]
+    return [("link", lc.step_us(nbytes / (k * n)))] * ring_steps(n)
+
+
+def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> BuiltGraph:
+    """The replayable graph of ``strategy`` applied to ``model``."""
+    names: list[str] = []
+    dur: list[float] = []
+    cat: list[int] = []
+    device: list[int] = []
+    prio: list[float] = []
+    kind: list[int] = []
+    group: list[int] = []
+    opsof: list[tuple[str, ...]] = []
+    devices: list[str] = []
+    dev_index: dict[str, int] = {}
+    src: list[int] = []
+    dst: list[int] = []
+
+    def dev(name: str) -> int:
+        if name not in dev_index:
+            dev_index[name] = len(devices)
+            devices.append(name)
+        return dev_index[name]
+
+    def node(name: str, d: float, c: str, dv: str, p: float, k: int, g: int, ops: tuple[str, ...] = ()) -> int:
+        names.append(name)
+        dur.append(d)
+        cat.append(CAT_CODE[c])
+        device.append(dev(dv))
+        prio.append(p)
+        kind.append(k)
+        group.append(g)
+        opsof.append(ops)
+        return len(names) - 1
+
+    node_of_op: dict[str, int] = {}
+    for f in strategy.fusions:
+        first = model.ops[f.ops[0]]
+        i = node("+".join(f.ops), f.dur, first.cat, first.device, first.prio, KIND_COMP, -1, f.ops)
+        for o in f.ops:
+            node_of_op[o] = i
+    for op in model.ops.values():
+        if op.id not in node_of_op:
+            node_of_op[op.id] = node(op.id, op.dur + op.gap, op.cat, op.device, op.prio, KIND_COMP, -1, (op.id,))
+    for a, b in model.edges:
+        ia, ib = node_of_op[a], node_of_op[b]
+        if ia != ib:
+            src.append(ia)
+            dst.append(ib)
+
+    anc = _ancestors(model)
+    reach = 0  # ops that must end before some group launched so far can launch
+    prev_in = -1
+    for g, members in enumerate(strategy.groups):
+        for u in members:
+            for r in model.units[u].ready:
+                reach |= anc[r]
+        k = strategy.partitions[g]
+        nbytes = float(sum(model.units[u].bytes for u in members))
+        i_in = node(f"group{g}:IN", model.launch_us, "COMM", "comm", g, KIND_IN, g)
+        i_out = node(f"group{g}:OUT", 0.0, "COMM", "comm", g + 0.5, KIND_OUT, g)
+        for u in members:
+            for r in model.units[u].ready:
+                src.append(node_of_op[r]); dst.append(i_in)
+            for c in model.units[u].consumers:
+                # A wait recorded inside the backward pass (e.g. CPU contention with the
+                # collective) cannot survive a grouping that launches after that op.
+                if not (reach >> model.op_index[c]) & 1:
+                    src.append(i_out); dst.append(node_of_op[c])
+        if prev_in >= 0:
+            src.append(prev_in); dst.append(i_in)
+        prev_in = i_in
+        for p in range(k):
+            last = i_in
+            for s, (dv, t) in enumerate(_xfer_steps(model, nbytes, k, p)):
+                i = node(f"group{g}:piece{p}:step{s}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
+                src.append(last); dst.append(i)
+                last = i
+            src.append(last); dst.append(i_out)
+    owner = np.zeros(len(devices), dtype=np.int64)
+    is_comm = np.array([d == "comm" or d.startswith("link") for d in devices], dtype=bool)
+    if coarsen:
+        return _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm)
+    g = compile_graph(names, dur, np.zeros(len(names)), cat, device, prio, src, dst, devices, owner, ["worker"], is_comm)
+    return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op)
+
+
+def _ancestors(model: JobModel) -> dict[str, int]:
+    """Per op, a bit set (over ``model.op_index``) of the op and its ancestors."""
+    if model.ancestors is None:
+        preds: dict[str, list[str]] = {o: [] for o in model.ops}
+        for a, b in model.edges:
+            preds[b].append(a)
+        anc: dict[str, int] = {}
+        for o in model.topo_order():
+            bits = 1 << model.op_index[o]
+            for p in preds[o]:
+                bits |= anc[p]
+            anc[o] = bits
+        model.ancestors = anc
+    return model.ancestors
+
+
+def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm) -> BuiltGraph:
+    """Contract chains u -> v of computation ops on one device where u's only successor is v
+    and v's only predecessor is u: the chain replays exactly as one op (the paper's
+    coarsened view). Sync nodes are never contracted."""
+    n = len(names)
+    outs = [[] for _ in range(n)]
+    ins = [[] for _ in range(n)]
+    for a, b in set(zip(src, dst)):
+        outs[a].append(b)
+        ins[b].append(a)
+    head = list(range(n))
+    for v in sorted(range(n), key=lambda i: prio[i]):
+        if kind[v] != KIND_COMP or len(ins[v]) != 1:
+            continue
+        u = ins[v][0]
+        if kind[u] == KIND_COMP and len(outs[u]) == 1 and device[u] == device[v]:
+            head[v] = head[u]
+    # resolve heads along chains (heads form forests pointing backwards)
+    for v in range(n):
+        h = head[v]
+        while head[h] != h:
+            h = head[h]
+        head[v] = h
+    keep = sorted({head[v] for v in range(n)})
+    new = {h: i for i, h in enumerate(keep)}
+    ndur = np.zeros(len(keep))
+    nops: list[tuple[str, ...]] = [() for _ in keep]
+    for v in range(n):
+        ndur[new[head[v]]] += dur[v]
+        nops[new[head[v]]] += opsof[v]
+    es = {(new[head[a]], new[head[b]]) for a, b in zip(src, dst) if head[a] != head[b]}
+    s2 = [a for a, _ in es]
+    d2 = [b for _, b in es]
+    g = compile_graph([names[h] for h in keep], ndur, np.zeros(len(keep)), [cat[h] for h in keep],
+                      [device[h] for h in keep], [prio[h] for h in keep], s2, d2, devices, owner, ["worker"], is_comm)
+    node_of_op = {o: i for i, ops in enumerate(nops) for o in ops}
+    return BuiltGraph(g, np.array([kind[h] for h in keep]), np.array([group[h] for h in keep]), nops, node_of_op)
+
+
+def iteration_us(model: JobModel, strategy: Strategy, *, coarsen: bool = True) -> float:
+    """Predicted iteration time of ``strategy`` (µs)."""
+    return simulate(build(model, strategy, coarsen=coarsen).graph).makespan
+
+
+def sync_time(model: JobModel, nbytes: int, k: int) -> float:
+    """Partial replay: how long synchronising ``nbytes`` in ``k`` pieces takes alone (µs)."""
+    one = JobModel(ops={}, edges=[], units=[], baseline_groups=[], world_size=model.world_size,
+                   scheme=model.scheme, library=model.library, framework=model.framework,
+                   link=model.link, launch_us=model.launch_us, servers=model.servers)
+    from dpro.optimizer.model import Unit
+
+    one.units.append(Unit("t", nbytes, [], []))
+    return simulate(build(one, Strategy(((0,),), (k,))).graph).makespan
+
+
+@dataclass
+class Analysis:
+    """A replayed strategy: schedule, critical path, slack per node."""
+
+    built: BuiltGraph
+    schedule: Schedule
+    critical: list[int]
+    slack: np.ndarray
+
+    @property
+    def iteration_us(self) -> float:
+        return self.schedule.makespan
+
+
+def analyse(model: JobModel, strategy: Strategy) -> Analysis:
+    """Replay without coarsening and compute the critical path and every node's slack.
+
+    Slack = how much a node's start can be delayed without lengthening the iteration,
+    on the execution graph (data edges + the replayed order on each device).
+    """
+    from dpro.replayer.critical_path import critical_path_indices
+
+    built = build(model, strategy)
+    g = built.graph
+    sched = simulate(g)
+    n = g.n
+    src, dst = g.edges()
+    order = np.lexsort((sched.end, sched.start))
+    by_dev: dict[int, list[int]] = {}
+    for i in order:
+        by_dev.setdefault(int(g.device[i]), []).append(int(i))
+    es = list(zip(src.tolist(), dst.tolist()))
+    for seq in by_dev.values():
+        es += list(zip(seq[:-1], seq[1:]))
+    outs: list[list[int]] = [[] for _ in range(n)]
+    indeg = np.zeros(n, dtype=np.int64)
+    for a, b in set(es):
+        outs[a].append(b)
+        indeg[b] += 1
+    topo = [i for i in range(n) if indeg[i] == 0]
+    for i in topo:
+        for j in outs[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                topo.append(j)
+    durs = sched.end - sched.start
+    tail = np.zeros(n)
+    for i in reversed(topo):
+        tail[i] = durs[i] + max((tail[j] for j in outs[i]), default=0.0)
+    slack = sched.makespan - sched.start - tail
+    return Analysis(built, sched, critical_path_indices(sched), np.maximum(slack, 0.0))

@@ -1,0 +1,64 @@
+"""How real libraries group gradients, so strategies can be realised and baselines replayed.
+
+* PyTorch DDP: after the first iteration the reducer re-buckets the parameters in the
+  order their gradients became ready; a bucket closes when it holds at least its limit:
+  the first bucket ``first_cap``, the others ``bucket_cap_mb``. With no ``bucket_cap_mb``
+  argument that is 1 MiB then 25 MiB; with an explicit ``bucket_cap_mb`` both limits are
+  that value (torch 2.13, ``_BucketCapacityConfig``). Ours matches
+  ``torch.distributed._compute_bucket_assignment_by_size`` (tests/test_optimizer.py).
+* Horovod: a background cycle (``HOROVOD_CYCLE_TIME``) fuses the tensors that became ready
+  since the last cycle, up to ``HOROVOD_FUSION_THRESHOLD`` bytes per fused buffer.
+* BytePS: every tensor is cut into ``BYTEPS_PARTITION_BYTES`` pieces.
+"""
+
+from __future__ import annotations
+
+import math
+
+MiB = 1 << 20
+DDP_FIRST_BUCKET_BYTES = MiB
+DDP_DEFAULT_CAP_BYTES = 25 * MiB
+HOROVOD_DEFAULT_THRESHOLD = 64 * MiB
+HOROVOD_DEFAULT_CYCLE_US = 1000.0
+BYTEPS_DEFAULT_PARTITION = 4_096_000
+
+
+def ddp_buckets(sizes_ready_order: list[int], cap: int, first_cap: int | None = None) -> list[list[int]]:
+    """Bucket indices (into the given list, gradient-ready order) for DDP's ``bucket_cap``.
+
+    ``first_cap`` defaults to ``cap`` (what an explicit ``bucket_cap_mb`` gives).
+    """
+    first_cap = cap if first_cap is None else first_cap
+    out: list[list[int]] = []
+    cur: list[int] = []
+    size, limit = 0, first_cap
+    for i, b in enumerate(sizes_ready_order):
+        cur.append(i)
+        size += b
+        if size >= limit:
+            out.append(cur)
+            cur, size, limit = [], 0, cap
+    if cur:
+        out.append(cur)
+    return out
+
+
+def horovod_groups(ready_us: list[float], sizes: list[int], threshold: int = HOROVOD_DEFAULT_THRESHOLD,
+                   cycle_us: float = HOROVOD_DEFAULT_CYCLE_US) -> list[list[int]]:
+    """Fused groups Horovod forms: tensors ready in one cycle, at most ``threshold`` bytes each."""
+    order = sorted(range(len(ready_us)), key=lambda i: (ready_us[i], i))
+    out: list[list[int]] = []
+    cycle, size = None, 0
+    for i in order:
+        c = math.floor(ready_us[i] / cycle_us) if cycle_us > 0 else i
+        if out and c == cycle and size + sizes[i] <= threshold:
+            out[-1].append(i)
+            size += sizes[i]
+        else:
+            out.append([i])
+            cycle, size = c, sizes[i]
+    return out
+
+
+def byteps_partitions(group_bytes: list[int], partition_bytes: int = BYTEPS_DEFAULT_PARTITION) -> list[int]:
+    return [max(1, math.ceil(b / partition_bytes)) for b in group_bytes]

@@ -1,0 +1,184 @@
+"""The job as the optimizer sees it: one representative worker and its gradient units.
+
+Workers of a data-parallel job run the same graph, so the optimizer keeps **one worker**
+(the paper's *symmetry*): every computation op with its mean own time + host gap over
+the ranks and typical steps (:mod:`dpro.graph.stats`), the local edges between
+computation ops, and the **gradient units** that are synchronised: one per gradient
+tensor when the profiler recorded them (dpro's Recorder), else one per recorded
+collective (imported traces). A unit knows its bytes, the ops that must end before it
+can be sent (``ready``) and the ops that wait for it (``consumers``). How units are
+grouped, partitioned and which computation ops are fused is a
+:class:`~dpro.optimizer.strategy.Strategy`; :mod:`dpro.optimizer.evaluate` turns model +
+strategy into a graph and replays it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from dpro.errors import DproInputError
+from dpro.graph.comm_model import LinkCost
+from dpro.graph.stats import node_stats, typical_steps
+from dpro.gtrace.schema import GTrace, NodeTrace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CompOp:
+    """A computation op of the representative worker."""
+
+    id: str
+    name: str
+    cat: str
+    device: str
+    dur: float  #: own time, µs
+    gap: float  #: host gap before it, µs (removed when the op is fused into its predecessor)
+    prio: float  #: start offset in the step (FIFO tie-break)
+    layer: str | None = None
+
+
+@dataclass(slots=True)
+class Unit:
+    """A gradient (or, for imported traces, a recorded collective) to synchronise."""
+
+    name: str
+    bytes: int
+    ready: list[str]
+    consumers: list[str]
+    #: the parameter names it carries (for strategy files); empty when unknown
+    params: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JobModel:
+    """What the optimizer needs of a profiled job (see the module docstring)."""
+
+    ops: dict[str, CompOp]
+    edges: list[tuple[str, str]]
+    #: in the order the job produced them (the baseline groups' launch order)
+    units: list[Unit]
+    #: the job's own grouping: unit indices per collective, in launch order
+    baseline_groups: list[list[int]]
+    world_size: int
+    scheme: str
+    library: str
+    framework: str
+    link: LinkCost
+    #: host time to launch one collective, µs
+    launch_us: float = 0.0
+    servers: int = 0
+    measured_us: float | None = None
+    #: gradient tensors as (name, bytes) in parameter registration order, when recorded
+    params: list[tuple[str, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
+    ancestors: dict[str, int] | None = field(default=None, repr=False)
+
+    @cached_property
+    def op_index(self) -> dict[str, int]:
+        return {o: i for i, o in enumerate(self.ops)}
+
+    def topo_order(self) -> list[str]:
+        """Computation ops in a topological order of ``edges``."""
+        indeg = {o: 0 for o in self.ops}
+        outs: dict[str, list[str]] = defaultdict(list)
+        for a, b in self.edges:
+            outs[a].append(b)
+            indeg[b] += 1
+        order = [o for o, d in indeg.items() if d == 0]
+        for o in order:
+            for b in outs[o]:
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    order.append(b)
+        return order
+
+
+def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None) -> JobModel:
+    """Extract the optimizer's model from a (clock-aligned) gTrace.
+
+    ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
+    synchronisation cannot be modelled and the trace is refused.
+    """
+    if link is None:
+        raise DproInputError(gt.source or "<trace>",
+                             "no link cost could be fitted (collective sizes unknown): cannot model synchronisation")
+    workers = gt.workers()
+    if not workers:
+        raise DproInputError(gt.source or "<trace>", "has no worker node to optimize")
+    steps = steps or typical_steps(list(gt.nodes.values()), gt.manifest.steps)
+    per_rank = [node_stats(nt, steps) for nt in workers]
+    # The slowest worker stands for all: a synchronous job runs at its straggler's pace.
+    load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
+    r = int(np.argmax(load))
+    rep, st0 = workers[r], per_rank[r]
+    notes = []
+    if len(load) > 1 and min(load) > 0 and max(load) / min(load) > 1.1:
+        notes.append(f"workers are imbalanced (computation {min(load) / 1e3:.1f}-{max(load) / 1e3:.1f} ms): "
+                     f"the slowest, {rep.info.name}, stands for all")
+    ops: dict[str, CompOp] = {}
+    for op in rep.ops.values():
+        if op.cat == "COMM":
+            continue
+        s = st0.get(op.id)
+        if s is None or not s.samples:
+            ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, 0.0, 0.0, 0.0, op.layer)
+        else:
+            ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, s.dur, s.gap, s.offset, op.layer)
+
+    comm = [op for op in rep.ops.values() if op.cat == "COMM"]
+    preds: dict[str, list[str]] = defaultdict(list)
+    succs: dict[str, list[str]] = defaultdict(list)
+    for a, b in rep.edges:
+        preds[b].append(a)
+        succs[a].append(b)
+    edges = [(a, b) for a, b in rep.edges if a in ops and b in ops]
+    comm.sort(key=lambda o: (st0[o.id].offset if o.id in st0 else 0.0, o.id))
+    launch = [st0[o.id].gap for o in comm if o.id in st0 and st0[o.id].samples]
+
+    tensors_by_txn: dict[str, list] = defaultdict(list)
+    for t in rep.tensors:
+        if t.txn is not None:
+            tensors_by_txn[t.txn].append(t)
+    units: list[Unit] = []
+    groups: list[list[int]] = []
+    for c in comm:
+        if c.sub_op not in ("ALLREDUCE", "PUSH_REQ"):
+            continue
+        ready = [p for p in preds[c.id] if p in ops]
+        consumers = [s for s in succs[c.id] if s in ops]
+        tens = tensors_by_txn.get(c.txn or "", [])
+        members = []
+        if tens and all(t.producer in ops for t in tens):
+            order = {p: i for i, p in enumerate(_bucket_params(rep, c.tensor))}
+            for t in sorted(tens, key=lambda t: order.get(t.name, len(order))):
+                members.append(len(units))
+                units.append(Unit(t.name, t.bytes, [t.producer], list(consumers), [t.name]))
+        else:
+            members.append(len(units))
+            units.append(Unit(c.tensor or c.id, c.bytes, ready, consumers))
+        groups.append(members)
+    if not units:
+        raise DproInputError(gt.source or "<trace>", "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
+    servers = sum(1 for n in gt.nodes.values() if n.info.role == "server")
+    return JobModel(
+        ops=ops, edges=edges, units=units, baseline_groups=groups,
+        world_size=max(gt.manifest.world_size, len(workers)), scheme=gt.manifest.scheme,
+        library=gt.manifest.library, framework=gt.manifest.framework, link=link,
+        launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
+        params=[(t.name, t.bytes) for t in rep.tensors], notes=notes,
+    )
+
+
+def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
+    """Parameter order inside a DDP bucket (op tensor ``bucket<i>``) as recorded."""
+    for b in nt.meta.get("buckets", []) or []:
+        if tensor == f"bucket{b.get('index')}":
+            return list(b.get("params", []))
+    return []

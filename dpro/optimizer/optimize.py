@@ -1,0 +1,185 @@
+"""`dpro optimize` end to end: model the job, replay baselines, search, realise per library."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpro.graph.global_dfg import BuildOptions
+from dpro.gtrace.schema import GTrace
+from dpro.optimizer import libraries as lib
+from dpro.optimizer.evaluate import analyse, iteration_us
+from dpro.optimizer.model import JobModel, job_model
+from dpro.optimizer.search import SearchResult, search
+from dpro.optimizer.strategy import Strategy
+from dpro.passes.base import GraphPass
+from dpro.passes.registry import default_registry
+from dpro.progress import Tick, _noop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Realized:
+    """A strategy expressed in one library's settings, and its own predicted time."""
+
+    library: str
+    settings: dict
+    strategy: Strategy
+    iteration_us: float
+
+
+@dataclass
+class OptimizeResult:
+    model: JobModel
+    replay_us: float
+    measured_us: float | None
+    baselines: dict[str, float]
+    results: list[SearchResult]
+    realized: list[Realized] = field(default_factory=list)
+    critical_before: list[dict] = field(default_factory=list)
+    critical_after: list[dict] = field(default_factory=list)
+    time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> SearchResult:
+        return self.results[0]
+
+    @property
+    def baseline_us(self) -> float:
+        return self.baselines["job as profiled"]
+
+    def to_json(self) -> dict:
+        m = self.model
+        b = self.best
+        return {
+            "replay_predicted_us": self.replay_us,
+            "measured_us": self.measured_us,
+            "baseline_us": self.baseline_us,
+            "best_us": b.iteration_us,
+            "speedup": self.baseline_us / b.iteration_us if b.iteration_us > 0 else None,
+            "baselines_us": self.baselines,
+            "best": {"start": b.start, "steps": [s.to_json() for s in b.steps], "strategy": b.strategy.to_json(m),
+                     "evaluations": sum(r.evaluations for r in self.results), "converged": b.converged},
+            "realized": [{"library": r.library, "settings": r.settings, "iteration_us": r.iteration_us} for r in self.realized],
+            "critical_path_before": self.critical_before,
+            "critical_path_after": self.critical_after,
+            "model": {"units": len(m.units), "ops": len(m.ops), "world_size": m.world_size, "scheme": m.scheme,
+                      "library": m.library, "link_alpha_us": m.link.alpha, "link_beta_us_per_byte": m.link.beta},
+            "time_s": self.time_s,
+            "notes": self.notes,
+        }
+
+
+def _critical(model: JobModel, st: Strategy, top: int = 10) -> list[dict]:
+    a = analyse(model, st)
+    g, s = a.built.graph, a.schedule
+    rows = [{"name": g.names[i], "device": g.devices[g.device[i]], "start_us": float(s.start[i]),
+             "dur_us": float(s.end[i] - s.start[i])} for i in a.critical]
+    return sorted(rows, key=lambda r: -r["dur_us"])[:top]
+
+
+def _unit_ready_times(model: JobModel) -> list[float]:
+    a = analyse(model, Strategy.from_groups([[i] for i in range(len(model.units))]))
+    end = {o: float(a.schedule.end[i]) for o, i in a.built.node_of_op.items()}
+    return [max((end[r] for r in u.ready), default=0.0) for u in model.units]
+
+
+def baselines(model: JobModel) -> dict[str, Strategy]:
+    """The strategies to beat: the job as profiled, no fusion, fuse everything, library defaults."""
+    n = len(model.units)
+    out = {
+        "job as profiled": Strategy.from_groups(model.baseline_groups),
+        "no fusion": Strategy.from_groups([[i] for i in range(n)]),
+        "fuse everything": Strategy.from_groups([list(range(n))]),
+    }
+    sizes = [u.bytes for u in model.units]
+    if model.framework == "pytorch" and model.library in ("gloo", "nccl") and all(u.params for u in model.units):
+        out["DDP default (25 MiB buckets)"] = ddp_strategy(model, None)
+    if model.library == "horovod" or model.scheme == "allreduce":
+        out["Horovod default (64 MiB, 1 ms cycle)"] = Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), sizes))
+    if model.scheme == "ps":
+        st = Strategy.from_groups([[i] for i in range(n)])
+        out["BytePS default (4 MB partitions)"] = Strategy(st.groups, tuple(lib.byteps_partitions(sizes)))
+    return out
+
+
+def ddp_strategy(model: JobModel, bucket_cap_mb: float | None) -> Strategy:
+    """The buckets DDP forms with ``bucket_cap_mb`` (None: DDP's default, 1 MiB then 25 MiB)."""
+    sizes = [u.bytes for u in model.units]
+    if bucket_cap_mb is None:
+        return Strategy.from_groups(lib.ddp_buckets(sizes, lib.DDP_DEFAULT_CAP_BYTES, lib.DDP_FIRST_BUCKET_BYTES))
+    return Strategy.from_groups(lib.ddp_buckets(sizes, int(bucket_cap_mb * lib.MiB)))
+
+
+def realize(model: JobModel, best: Strategy) -> list[Realized]:
+    """Express ``best`` in the settings of the libraries that can run it."""
+    out: list[Realized] = []
+    sizes = [u.bytes for u in model.units]
+    # Library settings change the synchronisation only: op fusion is applied (and predicted) apart.
+    best = Strategy(best.groups, best.partitions)
+    if model.framework == "pytorch" and all(u.params for u in model.units):
+        # DDP takes a size cap, not explicit groups: try the caps that give distinct bucketings.
+        total = sum(sizes)
+        caps = sorted({int(c) for c in np.geomspace(max(1, min(sizes)), max(total, 2), 96)} | {lib.DDP_DEFAULT_CAP_BYTES})
+        seen, best_r = set(), None
+        for cap in reversed(caps):  # largest first: on a tie, fewer buckets
+            groups = lib.ddp_buckets(sizes, cap)
+            key = tuple(map(tuple, groups))
+            if key in seen:
+                continue
+            seen.add(key)
+            st = Strategy(tuple(tuple(g) for g in groups), (1,) * len(groups))
+            t = iteration_us(model, st)
+            if best_r is None or t < best_r.iteration_us * (1 - 1e-3):
+                best_r = Realized("pytorch-ddp", {"bucket_cap_mb": cap / lib.MiB, "bucket_cap_bytes": cap,
+                                                  "buckets": [[model.units[u].name for u in g] for g in groups]}, st, t)
+        if best_r is not None:
+            out.append(best_r)
+    if model.library == "horovod" or (model.framework == "pytorch" and all(u.params for u in model.units)):
+        groups = [[model.units[u].name for u in g] for g in best.groups]
+        thr = max(best.group_bytes(model, i) for i in range(len(best.groups)))
+        out.append(Realized("horovod", {
+            "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr), "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3,
+        }, best, iteration_us(model, best)))
+    if model.scheme == "ps":
+        per = [best.group_bytes(model, i) / best.partitions[i] for i in range(len(best.groups))]
+        out.append(Realized("byteps", {"BYTEPS_PARTITION_BYTES": int(max(per))}, best, iteration_us(model, best)))
+    return out
+
+
+def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
+             budget_s: float = 30.0, align_clocks: bool = True, tick: Tick = _noop) -> OptimizeResult:
+    """Search a faster strategy for the profiled job ``gt``."""
+    from dpro.replayer.replay import replay
+
+    t0 = time.perf_counter()
+    if align_clocks:
+        from dpro.alignment import align, apply_offsets
+
+        al = align(gt)
+        if al.status != "trivial":
+            gt = apply_offsets(gt, al.offsets_us)
+    r = replay(gt, BuildOptions(), align_clocks=False)
+    model = job_model(gt, r.build.link_cost, r.steps)
+    if passes is None:
+        reg = default_registry()
+        passes = reg.select(pass_names) if pass_names else [p for p in reg if p.kind == "throughput"]
+    base = {name: iteration_us(model, st) for name, st in baselines(model).items()}
+    results = search(model, passes, budget_s=budget_s, tick=tick)
+    best = results[0]
+    start = Strategy.from_groups(model.baseline_groups)
+    notes = list(model.notes)
+    gap = 100.0 * (base["job as profiled"] - r.predicted_iteration_us) / r.predicted_iteration_us
+    if abs(gap) > 2.0:
+        notes.append(f"the optimizer's one-worker model differs from the full replay by {gap:+.1f}% on the job as profiled")
+    return OptimizeResult(
+        model=model, replay_us=r.predicted_iteration_us, measured_us=r.measured_iteration_us, baselines=base,
+        results=results, realized=realize(model, best.strategy),
+        critical_before=_critical(model, start), critical_after=_critical(model, best.strategy),
+        time_s=time.perf_counter() - t0, notes=notes,
+    )

@@ -1,0 +1,109 @@
+"""What `dpro optimize -o DIR` writes: a summary for people, strategy files for libraries.
+
+``DIR/summary.txt``      the summary `dpro optimize` prints
+``DIR/strategy.json``    everything (the `--json` output)
+``DIR/ddp.json``         PyTorch DDP: ``bucket_cap_mb`` (+ the buckets it gives)
+``DIR/horovod.json``     Horovod: explicit ``groups`` of parameter names, fusion threshold, cycle time
+``DIR/horovod.env``      the same as environment variables
+``DIR/byteps.env``       BytePS: ``BYTEPS_PARTITION_BYTES`` (parameter-server jobs)
+``DIR/compile.json``     op fusion: the fused ops and the layers to compile (torch.compile / XLA)
+
+How to apply each: docs/optimizer.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpro.jsonio import check_writable_dir, dump_json, write_dir_atomically
+from dpro.optimizer.optimize import OptimizeResult
+
+
+def _ms(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1e3:.2f} ms"
+
+
+def summary_text(res: OptimizeResult, top: int = 8) -> str:
+    b = res.best
+    lines = [
+        f"job as profiled: {_ms(res.baseline_us)} predicted (full replay {_ms(res.replay_us)}, measured {_ms(res.measured_us)})",
+        f"best found:      {_ms(b.iteration_us)} predicted, {res.baseline_us / b.iteration_us:.3f}x "
+        f"({100 * (1 - b.iteration_us / res.baseline_us):.1f}% less), search from {b.start}, "
+        f"{sum(r.evaluations for r in res.results)} replays in {res.time_s:.1f} s"
+        + ("" if b.converged else " (budget spent before convergence)"),
+        "",
+        "baselines (predicted):",
+    ]
+    for name, t in sorted(res.baselines.items(), key=lambda kv: kv[1]):
+        lines.append(f"  {name:<40} {_ms(t):>12}  {res.baseline_us / t:.3f}x")
+    lines += ["", f"changes ({len(b.steps)}, largest first):"]
+    for s in sorted(b.steps, key=lambda s: s.after_us - s.before_us)[:top]:
+        lines.append(f"  [{s.pass_name}] -{(s.before_us - s.after_us) / 1e3:.2f} ms: {s.reason}")
+    if len(b.steps) > top:
+        lines.append(f"  ... and {len(b.steps) - top} smaller (strategy.json lists all)")
+    st = b.strategy
+    lines += ["", f"synchronisation groups ({len(st.groups)}):"]
+    for i, g in enumerate(st.groups):
+        names = [res.model.units[u].name for u in g]
+        shown = ", ".join(names[:4]) + (f", ... (+{len(names) - 4})" if len(names) > 4 else "")
+        lines.append(f"  {i}: {st.group_bytes(res.model, i)} B in {st.partitions[i]} piece(s): {shown}")
+    if st.fusions:
+        lines.append(f"fused op chains: {len(st.fusions)}")
+    lines += ["", "apply it:"]
+    for r in res.realized:
+        if r.library == "pytorch-ddp":
+            lines.append(f"  PyTorch DDP: DistributedDataParallel(..., bucket_cap_mb={r.settings['bucket_cap_mb']:.4g})"
+                         f"  -> {_ms(r.iteration_us)} predicted (ddp.json)")
+        elif r.library == "horovod":
+            lines.append(f"  Horovod: hvd.DistributedOptimizer(..., groups=<horovod.json groups>), "
+                         f"HOROVOD_FUSION_THRESHOLD={r.settings['HOROVOD_FUSION_THRESHOLD']}  -> {_ms(r.iteration_us)} predicted")
+        elif r.library == "byteps":
+            lines.append(f"  BytePS: BYTEPS_PARTITION_BYTES={r.settings['BYTEPS_PARTITION_BYTES']}  -> {_ms(r.iteration_us)} predicted")
+    if st.fusions:
+        lines.append("  op fusion: compile the layers listed in compile.json (torch.compile / XLA jit_compile)")
+    for label, rows in (("critical path before", res.critical_before), ("critical path after", res.critical_after)):
+        lines += ["", f"{label} (longest {min(top, len(rows))}):"]
+        for r in rows[:top]:
+            lines.append(f"  {r['dur_us'] / 1e3:9.3f} ms  {r['name'][:90]}")
+    if res.notes:
+        lines += [""] + [f"note: {n}" for n in res.notes]
+    return "\n".join(lines) + "\n"
+
+
+def strategy_files(res: OptimizeResult) -> dict[str, object]:
+    """File name -> JSON object or text."""
+    files: dict[str, object] = {"strategy.json": res.to_json(), "summary.txt": summary_text(res)}
+    for r in res.realized:
+        if r.library == "pytorch-ddp":
+            files["ddp.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
+        elif r.library == "horovod":
+            files["horovod.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
+            files["horovod.env"] = (f"HOROVOD_FUSION_THRESHOLD={r.settings['HOROVOD_FUSION_THRESHOLD']}\n"
+                                    f"HOROVOD_CYCLE_TIME={r.settings['HOROVOD_CYCLE_TIME']}\n")
+        elif r.library == "byteps":
+            files["byteps.env"] = f"BYTEPS_PARTITION_BYTES={r.settings['BYTEPS_PARTITION_BYTES']}\n"
+    st = res.best.strategy
+    if st.fusions:
+        m = res.model
+        layers = sorted({m.ops[o].layer for f in st.fusions for o in f.ops if m.ops[o].layer})
+        files["compile.json"] = {
+            "op_fusion": [{"ops": list(f.ops), "layers": sorted({m.ops[o].layer for o in f.ops if m.ops[o].layer}),
+                           "dur_us": f.dur} for f in st.fusions],
+            "torch_compile_modules": layers,
+        }
+    return files
+
+
+def write_strategy_dir(res: OptimizeResult, root: Path, *, force: bool = False) -> None:
+    root = Path(root)
+    check_writable_dir(root, force)
+    files = strategy_files(res)
+
+    def fill(tmp: Path) -> None:
+        for name, content in files.items():
+            if isinstance(content, str):
+                (tmp / name).write_text(content)
+            else:
+                dump_json(tmp / name, content, gz=False)
+
+    write_dir_atomically(root, fill)

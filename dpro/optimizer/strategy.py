@@ -1,0 +1,84 @@
+"""A strategy: how gradient units are grouped and partitioned, which ops are fused.
+
+Immutable, so the search can keep many candidates around; every change returns a new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dpro.optimizer.model import JobModel
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOp:
+    """A chain of computation ops run as one, with its estimated duration (µs)."""
+
+    ops: tuple[str, ...]
+    dur: float
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    #: unit indices per synchronisation group, in launch order (tensor fusion)
+    groups: tuple[tuple[int, ...], ...]
+    #: pieces per group (tensor partition), same length as ``groups``
+    partitions: tuple[int, ...]
+    #: fused computation ops (op fusion)
+    fusions: tuple[FusedOp, ...] = ()
+
+    @staticmethod
+    def from_groups(groups: list[list[int]] | tuple[tuple[int, ...], ...]) -> "Strategy":
+        gs = tuple(tuple(g) for g in groups if g)
+        return Strategy(gs, (1,) * len(gs))
+
+    def merge_groups(self, i: int) -> "Strategy":
+        """Groups i and i+1 synchronised as one (pieces: the larger of the two)."""
+        g = self.groups
+        merged = g[:i] + (g[i] + g[i + 1],) + g[i + 2:]
+        parts = self.partitions[:i] + (max(self.partitions[i], self.partitions[i + 1]),) + self.partitions[i + 2:]
+        return replace(self, groups=merged, partitions=parts)
+
+    def merge_units(self, a: int, b: int) -> "Strategy":
+        """The groups holding units a and b, and every group between them, as one."""
+        ga, gb = self.group_of(a), self.group_of(b)
+        lo, hi = min(ga, gb), max(ga, gb)
+        s = self
+        for _ in range(hi - lo):
+            s = s.merge_groups(lo)
+        return s
+
+    def with_partition(self, i: int, k: int) -> "Strategy":
+        return replace(self, partitions=self.partitions[:i] + (k,) + self.partitions[i + 1:])
+
+    def with_fusion(self, chain: tuple[str, ...], dur: float) -> "Strategy":
+        """Run ``chain`` as one op of ``dur`` µs (replacing fusions it absorbs)."""
+        rest = tuple(f for f in self.fusions if not set(f.ops) & set(chain))
+        return replace(self, fusions=rest + (FusedOp(tuple(chain), dur),))
+
+    def fusion_of(self, op: str) -> FusedOp | None:
+        for f in self.fusions:
+            if op in f.ops:
+                return f
+        return None
+
+    def group_of(self, unit: int) -> int:
+        for i, g in enumerate(self.groups):
+            if unit in g:
+                return i
+        raise KeyError(unit)
+
+    def group_bytes(self, model: JobModel, i: int) -> int:
+        return sum(model.units[u].bytes for u in self.groups[i])
+
+    def key(self) -> tuple:
+        return (self.groups, self.partitions, tuple(sorted(f.ops for f in self.fusions)))
+
+    def to_json(self, model: JobModel) -> dict:
+        return {
+            "groups": [
+                {"units": [model.units[u].name for u in g], "bytes": self.group_bytes(model, i), "partitions": self.partitions[i]}
+                for i, g in enumerate(self.groups)
+            ],
+            "op_fusion": [{"ops": list(f.ops), "dur_us": f.dur} for f in self.fusions],
+        }
