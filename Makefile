@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 # Horovod wheels built here are cached (a rebuild takes minutes on 2 cores).
 HOROVOD_WHEEL_CACHE ?= $(HOME)/.cache/dpro/horovod-wheels
 
-.PHONY: setup horovod demo test bench clean
+.PHONY: setup horovod mxnet demo test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,18 +22,24 @@ setup: $(BIN)/python
 horovod: setup
 	HOROVOD_WHEEL_CACHE=$(HOROVOD_WHEEL_CACHE) scripts/install_horovod.sh $(BIN)/python
 
-# The main job: replay the bundled real trace, then profile a live 2-rank DDP run and replay it.
+# MXNet 1.9.1 (dist kvstore over ps-lite) needs numpy < 1.24: its own venv, .venv-mx.
+mxnet:
+	scripts/setup_mxnet.sh $(PY)
+
+# The main job: replay the bundled real trace, then profile a live 2-rank DDP run, replay it
+# and optimize it (strategy files in out/demo_strategy).
 demo: setup
 	$(BIN)/dpro replay examples/traces/ddp_gloo_2rank_mlp --timeline out/demo_bundled_timeline.json
 	$(BIN)/dpro profile -o out/demo_trace --force -- $(BIN)/torchrun --nproc_per_node 2 \
 		--master_addr 127.0.0.1 --master_port 29599 examples/pytorch/ddp_recorder.py --model mlp --bucket-cap-mb 10
 	$(BIN)/dpro replay out/demo_trace --timeline out/demo_timeline.json
+	$(BIN)/dpro optimize out/demo_trace -o out/demo_strategy --force --budget 20
 
-test: setup horovod
+test: setup horovod mxnet
 	$(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python benchmarks/replay_speed.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) .venv-mx .venv-tf out .pytest_cache

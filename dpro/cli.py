@@ -111,10 +111,10 @@ def validate(path: Path, rank_pattern: str) -> None:
     gt = open_trace(path, rank_pattern)
     m = gt.manifest
     ops = sum(len(n.ops) for n in gt.nodes.values())
-    click.echo(
-        f"{path}: ok: {m.framework}/{m.library} {m.scheme}, {len(gt.nodes)} of {m.world_size} ranks, "
-        f"steps {m.steps}, {ops} ops"
-    )
+    workers = sum(1 for n in gt.nodes.values() if n.info.role == "worker")
+    servers = sum(1 for n in gt.nodes.values() if n.info.role == "server")
+    who = f"{workers} of {m.world_size} workers" + (f" + {servers} server(s)" if servers else "")
+    click.echo(f"{path}: ok: {m.framework}/{m.library} {m.scheme}, {who}, steps {m.steps}, {ops} ops")
     for note in gt.notes:
         click.echo(f"  note: {note}")
 

@@ -436,7 +436,7 @@ def test_kineto_missing_rank_is_a_partial_trace_not_an_error(kineto_dir: Path, r
     (kineto_dir / "rank0.json").unlink()
     code, out, err = run_cli("validate", kineto_dir)
     assert code == 0, err
-    assert "1 of 2 ranks" in out and "collectives keep their measured durations" in out
+    assert "1 of 2 workers" in out and "collectives keep their measured durations" in out
 
 
 # --------------------------------------------------------------------------- paths

@@ -227,7 +227,7 @@ def test_replay_same_prediction_on_kineto_and_converted_gtrace(job: Path, tmp_pa
     assert code == 0, err
     assert stdout.strip() == f"wrote {out} ({2} nodes)"
     code, stdout, err = run_cli("validate", out)
-    assert code == 0 and stdout.startswith(f"{out}: ok: pytorch/gloo allreduce, 2 of 2 ranks"), err
+    assert code == 0 and stdout.startswith(f"{out}: ok: pytorch/gloo allreduce, 2 of 2 workers"), err
     results = []
     for path in (job, out):
         code, stdout, err = run_cli("replay", path, "--json")

@@ -35,11 +35,12 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
         if not files:
             raise DproInputError(d, "holds no rank*.json.gz traces")
         timeline = [d / TIMELINE_NAME] if (d / TIMELINE_NAME).is_file() else []
-        for f in files + sorted(d.glob(f"rank*{META_SUFFIX}")) + timeline:
+        servers = sorted(d.glob("server*.kv.json"))  # MXNet parameter servers (dpro/profiler/mxnet_backend.py)
+        for f in files + sorted(d.glob(f"rank*{META_SUFFIX}")) + timeline + servers:
             if f.name in seen:
                 if f.name == TIMELINE_NAME:
                     raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
-                raise DproInputError(f, f"also in {seen[f.name].parent}: two hosts recorded the same rank")
+                raise DproInputError(f, f"also in {seen[f.name].parent}: two hosts recorded the same rank or server")
             seen[f.name] = f
             shutil.copy2(f, dest / f.name)
 

@@ -1,0 +1,304 @@
+"""MXNet 1.x (Gluon) recording: workers via ``mx.profiler``, PS servers via their updater.
+
+Worker (:class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block):
+
+* op times from ``mx.profiler`` (Chrome JSON, absolute µs on the epoch clock); the
+  recorder re-hybridizes the block with ``forward_bulk_size=0, backward_bulk_size=0``
+  (create it before the first forward) so every op of the cached graph is its own event
+  instead of one ``ImperativeBulk``;
+* the hybridized symbol (``tojson()`` of the block's cached graph) for layer names and
+  which backward op produces which parameter's gradient;
+* the kvstore keys: ``KVStore.push/pull/pushpull`` are wrapped while the window runs, to
+  learn every key's parameter name, shape and bytes (the wrapper only records, then calls
+  the original);
+* step markers (wall clock, the same epoch µs clock), with ``mx.nd.waitall()`` at the end
+  of every profiled step so that a step's asynchronous work stays inside its marker.
+
+Server (:func:`run_ps_node`, what ``examples/mxnet/launch_local.py`` runs for the
+scheduler and the servers): MXNet's own server loop, with the optimizer's updater wrapped.
+In ``dist_sync`` with the update on the kvstore (Gluon's default for ``dist_*``), the
+server calls the updater for a key once every worker's push of it arrived; the wrapper
+times it (call, merged gradient ready, new weights ready), per key and per call. The
+server writes ``server<i>.kv.json`` into ``DPRO_TRACE_DIR`` when it exits.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpro.profiler.config import ENV_DISABLE, ENV_OUT, ENV_STEPS, ENV_WARMUP, RecordConfig
+
+log = logging.getLogger(__name__)
+
+SERVER_SUFFIX = ".kv.json"
+DEFAULT_BIGARRAY_BOUND = 1_000_000
+
+
+def now_us() -> float:
+    """Epoch µs: the clock mx.profiler stamps its events with."""
+    return time.time_ns() / 1000.0
+
+
+@dataclass
+class _KeyInfo:
+    key: int
+    name: str
+    bytes: int
+    shape: list[int]
+    dtype: str
+    calls: list[str] = field(default_factory=list)
+
+
+class MXNetBackend:
+    """Records a window of steps of a Gluon training job on one worker."""
+
+    def __init__(self, model: Any, config: RecordConfig) -> None:
+        import mxnet as mx
+
+        if not isinstance(model, mx.gluon.Block):
+            raise TypeError(f"dpro.Recorder: expected an mxnet.gluon.Block, got {type(model).__name__}")
+        self.mx = mx
+        self.model = model
+        self.config = config
+        if isinstance(model, mx.gluon.HybridBlock) and getattr(model, "_active", False):
+            # Re-hybridize with operator bulking off (keeping the user's flags), so each op of
+            # the cached graph is its own profiler event. Must happen before the first forward.
+            flags = dict(getattr(model, "_flags", []))
+            flags.update(forward_bulk_size=0, backward_bulk_size=0)
+            model.hybridize(True, **flags)
+        self.steps: list[tuple[int, float, float]] = []
+        self.keys: dict[int, _KeyInfo] = {}
+        self._kv: Any = None
+        self._orig: dict[str, Any] = {}
+        self._tmp: Path | None = None
+
+    # -- kvstore hook -------------------------------------------------------------------
+    def _param_by_handle(self) -> dict[int, Any]:
+        out = {}
+        for p in self.model.collect_params().values():
+            try:
+                for g in p.list_grad():
+                    out[g.handle.value] = p
+                for d in p.list_data():
+                    out.setdefault(d.handle.value, p)
+            except Exception:  # noqa: BLE001 - e.g. grad_req 'null' or deferred init
+                continue
+        return out
+
+    def _note(self, kind: str, kv: Any, key: Any, value: Any) -> None:
+        self._kv = kv
+        keys = key if isinstance(key, (list, tuple)) else [key]
+        vals = value if isinstance(value, (list, tuple)) else [value]
+        if len(keys) > 1 and len(vals) == len(keys):
+            pairs = list(zip(keys, vals))
+        else:
+            pairs = [(keys[0], vals)]
+        by_handle = None
+        for k, v in pairs:
+            if not isinstance(k, int):
+                continue
+            arr = v[0] if isinstance(v, (list, tuple)) else v
+            info = self.keys.get(k)
+            if info is None:
+                by_handle = by_handle or self._param_by_handle()
+                p = by_handle.get(arr.handle.value)
+                nbytes = int(arr.size) * _itemsize(arr.dtype)
+                info = self.keys[k] = _KeyInfo(k, p.name if p is not None else f"key{k}", nbytes,
+                                               [int(x) for x in arr.shape], str(_dtype_name(arr.dtype)))
+            if kind not in info.calls:
+                info.calls.append(kind)
+
+    def _hook(self) -> None:
+        KV = self.mx.kvstore.KVStore
+        backend = self
+        for meth in ("push", "pull", "pushpull"):
+            orig = getattr(KV, meth)
+            self._orig[meth] = orig
+
+            def wrapped(kv: Any, key: Any, *args: Any, _orig: Any = orig, _m: str = meth, **kwargs: Any) -> Any:
+                try:
+                    val = args[0] if args else kwargs.get("value", kwargs.get("out"))
+                    if val is not None:
+                        backend._note(_m, kv, key, val)
+                except Exception as e:  # noqa: BLE001 - recording must not break training
+                    log.debug("dpro: kvstore hook: %s", e)
+                return _orig(kv, key, *args, **kwargs)
+
+            setattr(KV, meth, wrapped)
+
+    def _unhook(self) -> None:
+        KV = self.mx.kvstore.KVStore
+        for meth, orig in self._orig.items():
+            setattr(KV, meth, orig)
+        self._orig.clear()
+
+    # -- Backend protocol ---------------------------------------------------------------
+    def start(self) -> None:
+        mx = self.mx
+        self.config.out_dir.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=".mxprof-", dir=self.config.out_dir))
+        mx.nd.waitall()
+        self._hook()
+        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=False,
+                               profile_api=False, aggregate_stats=False,
+                               filename=str(self._tmp / "profile.json"))
+        mx.profiler.set_state("run")
+
+    def step_begin(self, step: int) -> object:
+        return now_us()
+
+    def step_end(self, step: int, token: object) -> None:
+        self.mx.nd.waitall()
+        t0 = float(token)  # type: ignore[arg-type]
+        self.steps.append((step, t0, now_us() - t0))
+
+    def abort(self) -> None:
+        self._unhook()
+        try:
+            self.mx.profiler.set_state("stop")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _symbol_json(self) -> dict | None:
+        cg = getattr(self.model, "_cached_graph", None)
+        if cg and len(cg) == 2:
+            try:
+                return json.loads(cg[1].tojson())
+            except Exception as e:  # noqa: BLE001
+                log.warning("dpro: cannot read the hybridized graph: %s", e)
+        else:
+            log.warning("dpro: the model is not hybridized: no symbol (layers come from op order only)")
+        return None
+
+    def stop_and_write(self) -> None:
+        mx = self.mx
+        mx.nd.waitall()
+        mx.profiler.set_state("stop")
+        self._unhook()
+        assert self._tmp is not None
+        mx.profiler.dump(finished=True)
+        prof = self._tmp / "profile.json"
+        kv = self._kv
+        rank = int(kv.rank) if kv is not None else int(os.environ.get("DMLC_WORKER_ID", 0))
+        out = self.config.out_dir
+        with open(prof, "rb") as f, gzip.open(out / f"rank{rank}.json.gz", "wb") as g:
+            g.write(f.read())
+        prof.unlink()
+        self._tmp.rmdir()
+        meta = {
+            "framework": "mxnet",
+            "framework_version": mx.__version__,
+            "rank": rank,
+            "world_size": int(kv.num_workers) if kv is not None else 1,
+            "kvstore": str(kv.type) if kv is not None else None,
+            "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
+            "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND)),
+            "host": self.config.host,
+            "pid": os.getpid(),
+            "steps": [{"step": s, "ts": t, "dur": d} for s, t, d in self.steps],
+            "keys": [vars(k) for k in sorted(self.keys.values(), key=lambda k: k.key)],
+            "params": [p.name for p in self.model.collect_params().values()],
+            "symbol": self._symbol_json(),
+        }
+        (out / f"rank{rank}.meta.json").write_text(json.dumps(meta))
+        log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)
+
+
+def _itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)
+
+
+def _dtype_name(dtype: Any) -> str:
+    import numpy as np
+
+    return np.dtype(dtype).name
+
+
+# -- parameter-server nodes ---------------------------------------------------------------
+@dataclass
+class ServerRecorder:
+    """Times every updater call of one PS server (all calls; the collector picks steps)."""
+
+    out_dir: Path | None
+    calls: dict[int, int] = field(default_factory=dict)
+    records: list[list[float]] = field(default_factory=list)
+    rank: int = -1
+
+    def wrap(self, updater: Any) -> Any:
+        def timed(key: int, merged: Any, stored: Any) -> None:
+            t0 = now_us()
+            merged.wait_to_read()
+            t1 = now_us()
+            updater(key, merged, stored)
+            stored.wait_to_read()
+            t2 = now_us()
+            i = self.calls.get(key, 0)
+            self.calls[key] = i + 1
+            self.records.append([int(key), i, t0, t1, t2, int(stored.size) * _itemsize(stored.dtype)])
+
+        return timed
+
+    def write(self, rank: int, num_workers: int) -> None:
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "framework": "mxnet", "role": "server", "rank": rank, "num_workers": num_workers,
+            "host": os.environ.get("DPRO_HOST") or socket.gethostname(), "pid": os.getpid(),
+            "warmup": int(os.environ.get(ENV_WARMUP, 0) or 0), "steps": int(os.environ.get(ENV_STEPS, 0) or 0),
+            "columns": ["key", "call", "ts_call", "ts_merged", "ts_end", "bytes"],
+            "updates": self.records,
+        }
+        (self.out_dir / f"server{rank}{SERVER_SUFFIX}").write_text(json.dumps(doc))
+
+
+def run_ps_node() -> None:
+    """Run this process as the PS scheduler or server (``DMLC_ROLE``), with update timing.
+
+    ``import mxnet`` on a server/scheduler normally runs MXNet's server loop right away;
+    here the role is hidden during the import and the loop is started with a controller
+    that wraps the optimizer's updater (the same commands as MXNet's own controller).
+    """
+    import pickle  # MXNet's own server protocol: the optimizer is sent pickled by the workers
+
+    role = os.environ.get("DMLC_ROLE", "")
+    if role not in ("server", "scheduler"):
+        raise SystemExit(f"run_ps_node: DMLC_ROLE must be server or scheduler, not {role!r}")
+    os.environ["DMLC_ROLE"] = "worker"
+    try:
+        import mxnet as mx
+        from mxnet.kvstore.kvstore_server import KVStoreServer
+    finally:
+        os.environ["DMLC_ROLE"] = role
+    enabled = bool(os.environ.get(ENV_OUT)) and os.environ.get(ENV_DISABLE, "") not in ("1", "true", "yes")
+    rec = ServerRecorder(Path(os.environ[ENV_OUT]) if enabled else None)
+    kv = mx.kv.create("dist")
+
+    class _Server(KVStoreServer):
+        def _controller(self):  # type: ignore[no-untyped-def]
+            def ctl(cmd_id: int, cmd_body: bytes, _: Any) -> None:
+                if cmd_id == 0:
+                    rec.rank = int(self.kvstore.rank)  # only while the server runs
+                    opt = pickle.loads(cmd_body)
+                    self.kvstore._set_updater(rec.wrap(mx.optimizer.get_updater(opt)))
+                else:
+                    log.warning("server %d: unknown command %d", self.kvstore.rank, cmd_id)
+            return ctl
+
+    _Server(kv).run()
+    if role == "server" and enabled:
+        if rec.rank < 0:
+            log.warning("dpro: this server never received an optimizer (update_on_kvstore off?): no server timing")
+            return
+        rec.write(rec.rank, int(os.environ.get("DMLC_NUM_WORKER", "0")))
