@@ -19,8 +19,10 @@ from dpro.profiler.collect import collect, rank_files
 from dpro.profiler.config import ENV_OUT, ENV_STEPS, ENV_WARMUP
 from dpro.profiler.horovod import TIMELINE_NAME
 
-#: Horovod writes its timeline (rank 0 only) where this says; harmless for other jobs
+#: Horovod writes its timeline (rank 0 only) where this says; harmless for other jobs.
+#: dpro sets it to DYNAMIC: the recorder starts the timeline for the profiling window only.
 ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
+HOROVOD_DYNAMIC = "DYNAMIC"
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ def profile_job(
     nccl_plugin_env(env, raw)
     theirs = user_timeline(cmd, env)
     if theirs is None and not env.get(ENV_HOROVOD_TIMELINE):
-        env[ENV_HOROVOD_TIMELINE] = str(raw.resolve() / TIMELINE_NAME)
+        env[ENV_HOROVOD_TIMELINE] = HOROVOD_DYNAMIC
     try:
         started = time.time()
         rc = run_job(cmd, env)
