@@ -124,7 +124,7 @@ def _timeline(groups: list[tuple[float, float, list[str]]]) -> bytes:
 def test_atoms_are_the_groups_never_split():
     from types import SimpleNamespace
 
-    from dpro.profiler.horovod import _plan
+    from dpro.profiler.horovod import plan_atoms
     from dpro.profiler.horovod_timeline import parse_horovod_timeline
 
     # step 1 fuses {a, b} then {c, d}; step 2 fuses {a, b, c} then {d}; step 3 is incomplete
@@ -136,7 +136,7 @@ def test_atoms_are_the_groups_never_split():
     params = {n: {"name": n, "bytes": 8, "shape": [2]} for n in "abcd"}
     ref = SimpleNamespace(steps={1: (0.0, 1000.0), 2: (1000.0, 1000.0), 3: (2000.0, 1000.0)})
     gt = SimpleNamespace(manifest=SimpleNamespace(steps=[1, 2, 3]))
-    plan = _plan(gt, tl, ref, 0.0, params)
+    plan = plan_atoms(gt, tl, ref, 0.0, params)
     assert plan.steps == [1, 2] and any("[3]" in n for n in plan.notes)
     assert plan.order == ["a", "b", "c", "d"]
     assert [a.tensors for a in plan.atoms] == [["a", "b"], ["c"], ["d"]]

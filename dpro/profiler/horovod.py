@@ -208,10 +208,10 @@ def _timeline_names(tl: HorovodTimeline, params: dict[str, dict]) -> dict[str, s
     return out
 
 
-def _plan(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, params: dict[str, dict]) -> _Plan:
+def plan_atoms(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, params: dict[str, dict]) -> _Plan:
     names = _timeline_names(tl, params)
     if not names:
-        raise _Skip("the timeline names none of the model's gradients (allreduce.<parameter>): "
+        raise TimelineUnusable("the timeline names none of the model's gradients (allreduce.<parameter>): "
                     "pass named_parameters=model.named_parameters() to hvd.DistributedOptimizer")
     notes: list[str] = []
     missing = sorted(set(params) - set(names.values()))
@@ -256,7 +256,7 @@ def _plan(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, param
         orders[tuple(seq)] += 1
     steps = sorted(group_of)
     if not steps:
-        raise _Skip(f"no profiled step has every gradient's all-reduce in the timeline (steps {gt.manifest.steps}; "
+        raise TimelineUnusable(f"no profiled step has every gradient's all-reduce in the timeline (steps {gt.manifest.steps}; "
                     "was the timeline written by this job, on this host's clock?)")
     if bad:
         notes.append(f"horovod: steps {bad} lack some gradient all-reduce in the timeline; replaying {steps}")
@@ -272,7 +272,7 @@ def _plan(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, param
     return _Plan(params, steps, group_of, order, atoms, notes)
 
 
-class _Skip(Exception):
+class TimelineUnusable(Exception):
     """The timeline cannot be used; the message says why."""
 
 
@@ -443,7 +443,7 @@ def link_envelope(samples: list[tuple[int, int, float]], n: int) -> tuple[float,
     return alpha_at(beta), beta
 
 
-def _excess(plan: _Plan, world: int) -> tuple[dict[int, float], tuple[float, float]]:
+def excess_times(plan: _Plan, world: int) -> tuple[dict[int, float], tuple[float, float]]:
     """Group index -> time beyond the uncontended ring cost (µs); and that cost (alpha, beta)."""
     if world < 2 or not SPLIT_EXCESS:
         return {}, (0.0, 0.0)
@@ -454,7 +454,7 @@ def _excess(plan: _Plan, world: int) -> tuple[dict[int, float], tuple[float, flo
              for g, m, b in samples}, (alpha, beta))
 
 
-def _add_events(gt: GTrace, plan: _Plan, off: dict[int, float], prod: dict[int, dict[str, str]],
+def add_atom_events(gt: GTrace, plan: _Plan, off: dict[int, float], prod: dict[int, dict[str, str]],
                 excess: dict[int, float]) -> None:
     """Each atom's event per step and rank (see the module docstring: ``P_r + D + X`` .. group end)."""
     nodes = gt.workers()
@@ -525,7 +525,7 @@ def apply_horovod_timeline(gt: GTrace, timeline: Path, raw_dir: Path, metas: dic
         return False
     try:
         _apply(gt, tl, raw_dir, metas)
-    except _Skip as e:
+    except TimelineUnusable as e:
         gt.notes.append(f"horovod timeline not used: {timeline.name}: {e}")
         return False
     return True
@@ -533,21 +533,21 @@ def apply_horovod_timeline(gt: GTrace, timeline: Path, raw_dir: Path, metas: dic
 
 def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict]) -> None:
     if tl.start_epoch_us is None:
-        raise _Skip("no start_time_since_epoch_in_micros record: cannot place it on the ranks' clocks")
+        raise TimelineUnusable("no start_time_since_epoch_in_micros record: cannot place it on the ranks' clocks")
     if not metas:
-        raise _Skip("no rank*.meta.json: the gradients are unknown")
+        raise TimelineUnusable("no rank*.meta.json: the gradients are unknown")
     nodes = gt.workers()
     if not nodes:
-        raise _Skip("no worker traces")
+        raise TimelineUnusable("no worker traces")
     raw = {nt.info.rank: _raw_info(raw_dir / f"rank{nt.info.rank}.json.gz") for nt in nodes}
     off: dict[int, float] = {}
     for nt in nodes:
         info = raw[nt.info.rank]
         if info is None:
-            raise _Skip(f"rank{nt.info.rank}.json.gz has no baseTimeNanoseconds")
+            raise TimelineUnusable(f"rank{nt.info.rank}.json.gz has no baseTimeNanoseconds")
         off[nt.info.rank] = tl.offset_to_kineto_us(info.base_ns)
     ref = nodes[0]
-    plan = _plan(gt, tl, ref, off[ref.info.rank], _grad_names(metas))
+    plan = plan_atoms(gt, tl, ref, off[ref.info.rank], _grad_names(metas))
     notes = list(plan.notes)
     # keep only the usable steps
     keep = set(plan.steps)
@@ -558,11 +558,11 @@ def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict
             nt.steps = {s: v for s, v in nt.steps.items() if s in keep}
     prod = {nt.info.rank: _producers(nt, plan, off[nt.info.rank], raw[nt.info.rank], notes) for nt in nodes}
     world = max(gt.manifest.world_size, len(nodes))
-    excess, (alpha, beta) = _excess(plan, world)
-    _add_events(gt, plan, off, prod, excess)
+    excess, (alpha, beta) = excess_times(plan, world)
+    add_atom_events(gt, plan, off, prod, excess)
     for nt in nodes:
         _apply_rank(nt, plan, off, raw, world, prod, notes)
-    _check_windows(gt, plan, off, notes)
+    check_windows(gt, plan, off, notes)
     per_step = {
         str(s): [
             {"tensors": [n for n in plan.order if plan.group_of[s][n] is g],
@@ -596,7 +596,7 @@ def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict
     gt.notes.extend(notes)
 
 
-def _check_windows(gt: GTrace, plan: _Plan, off: dict[int, float], notes: list[str]) -> None:
+def check_windows(gt: GTrace, plan: _Plan, off: dict[int, float], notes: list[str]) -> None:
     """Every rank waits for every group of its step: a group outside a rank's step means bad clocks."""
     bad = 0
     for nt in gt.workers():

@@ -1,0 +1,260 @@
+"""TensorFlow 2 integration of the Recorder: the TF profiler plus the executed graph.
+
+.. code-block:: python
+
+    recorder = dpro.Recorder(model)          # a Keras model
+    @dpro.profile(recorder)
+    def step(): ...                          # calls a tf.function train step
+
+What one rank writes into the output directory at the end of the window:
+
+* ``rank<r>.xplane.pb`` — the TF profiler's raw output for the window (host tracer);
+* ``rank<r>.json.gz`` — ``{"format": "dpro-tf-rank", ...}``: the executor's op events of
+  the window (``[node, op type, thread, ts, dur, kind]``, Unix-epoch µs, converted from
+  the xplane by :mod:`dpro.importers.xplane`; kind ``op``, or ``start``/``done`` for the
+  two halves of an asynchronous kernel), the step windows (a ``dpro_step`` TraceMe
+  around each profiled call), and the **graphs TF executed**: every function graph's
+  partition graphs after Grappler (nodes with op type, data and control inputs), i.e.
+  the ops the trace names, plus the order of the Horovod ops in the pre-optimisation
+  graph (their creation order);
+* ``horovod_timeline.json`` (rank 0, Horovod jobs) — when ``dpro profile`` set
+  ``HOROVOD_TIMELINE=DYNAMIC``, the recorder starts Horovod's timeline for the window only;
+* ``rank<r>.meta.json`` — ``"framework": "tensorflow"``, trainable variables (path, shape,
+  dtype, bytes), rank, world size, library, versions, host.
+
+The graphs come from TF's graph collection (``context.enable_graph_collection``), which
+records a function's graphs when it is instantiated: the recorder switches it on when it
+is created, so create it before the step function first runs (otherwise only the trace is
+recorded, and the import falls back to a trace-only DFG with a note). Converting the
+xplane in the rank keeps TensorFlow out of ``dpro collect``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dpro.jsonio import write_json
+from dpro.profiler.config import RecordConfig
+
+log = logging.getLogger(__name__)
+
+STEP_TRACE = "dpro_step"
+RANK_FORMAT = "dpro-tf-rank"
+#: an asynchronous kernel (IteratorGetNext, HorovodAllreduce...) is traced as a Start event on the
+#: executor thread and a Done event on the thread that completed it (stats: name, kernel_type)
+ASYNC_EVENTS = {"ExecutorState::ProcessAsync::Start": "start", "ExecutorState::ProcessAsync::Done": "done"}
+#: tf.data's internal iterator events carry a type but are no graph ops
+SKIP_PREFIXES = ("Iterator::",)
+
+
+def rank_world() -> tuple[int, int, str | None]:
+    """(rank, world size, communication library) from Horovod, TF_CONFIG or the env."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is not None:
+        try:
+            if hvd.is_initialized():
+                return int(hvd.rank()), int(hvd.size()), "horovod"
+        except (ValueError, AttributeError):
+            pass
+    env = os.environ
+    if "HOROVOD_RANK" in env:
+        return int(env["HOROVOD_RANK"]), int(env.get("HOROVOD_SIZE", 1)), "horovod"
+    if "TF_CONFIG" in env:
+        import json
+
+        try:
+            cfg = json.loads(env["TF_CONFIG"])
+            workers = cfg.get("cluster", {}).get("worker", [])
+            return int(cfg.get("task", {}).get("index", 0)), max(1, len(workers)), "grpc"
+        except (ValueError, TypeError, AttributeError):
+            pass
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), None
+
+
+def _graph_json(gd: Any) -> list[dict]:
+    """A GraphDef's nodes: name, op type, data inputs (``node:k``) and control inputs."""
+    out = []
+    for n in gd.node:
+        data = [i for i in n.input if not i.startswith("^")]
+        ctrl = [i[1:] for i in n.input if i.startswith("^")]
+        out.append({"name": n.name, "op": n.op, "inputs": data, "control": ctrl})
+    return out
+
+
+def _variables(model: Any) -> list[dict]:
+    """The model's trainable variables: path, shape, dtype, bytes."""
+    out = []
+    for v in getattr(model, "trainable_variables", []) or []:
+        shape = [int(d) if d is not None else -1 for d in v.shape]
+        n = 1
+        for d in shape:
+            n *= max(d, 0)
+        dtype = getattr(v.dtype, "name", str(v.dtype))
+        itemsize = int(getattr(v.dtype, "size", 4))
+        out.append({"name": str(getattr(v, "path", None) or v.name), "shape": shape, "dtype": dtype,
+                    "bytes": n * itemsize, "requires_grad": True})
+    return out
+
+
+def _start_horovod_timeline(out_dir: Path) -> Any | None:
+    """Start Horovod's timeline for the window when `dpro profile` made it dynamic.
+
+    ``HOROVOD_TIMELINE=DYNAMIC`` (what `dpro profile` sets): every rank calls
+    ``start_timeline``, rank 0 writes it. Returns ``horovod.tensorflow`` to stop it with, or None.
+    """
+    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
+        return None
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None:
+        return None
+    from dpro.profiler.horovod import TIMELINE_NAME
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        hvd.start_timeline(str(out_dir.resolve() / TIMELINE_NAME), mark_cycles=False)
+    except Exception as e:  # noqa: BLE001 - profiling must never break training
+        log.warning("dpro: cannot start Horovod's timeline (%s): its collectives will not be modelled", e)
+        return None
+    return hvd
+
+
+class TFBackend:
+    """Records one rank of a TensorFlow 2 job."""
+
+    def __init__(self, model: Any, config: RecordConfig) -> None:
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        self.tf = tf
+        self.config = config
+        self.model = model
+        self.ctx = context.context()
+        self.ctx.enable_graph_collection()
+        self.logdir: str | None = None
+        self.steps: list[int] = []
+        self.active = False
+        self._hvd: Any = None
+
+    def start(self) -> None:
+        self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
+        opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+                                                             device_tracer_level=1)
+        self._hvd = _start_horovod_timeline(self.config.out_dir)
+        self.tf.profiler.experimental.start(self.logdir, options=opts)
+        self.active = True
+
+    def step_begin(self, step: int) -> object:
+        self.steps.append(step)
+        tr = self.tf.profiler.experimental.Trace(STEP_TRACE, step_num=step, _r=1)
+        tr.__enter__()
+        return tr
+
+    def step_end(self, step: int, token: object) -> None:
+        token.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+    def _stop(self) -> None:
+        if self.active:
+            self.active = False
+            self.tf.profiler.experimental.stop()
+        if self._hvd is not None:
+            try:
+                self._hvd.stop_timeline()
+            except Exception as e:  # noqa: BLE001
+                log.warning("dpro: cannot stop Horovod's timeline: %s", e)
+            self._hvd = None
+
+    def abort(self) -> None:
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001
+            pass
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        try:
+            self.ctx.disable_graph_collection()
+        except Exception:  # noqa: BLE001
+            pass
+        if self.logdir:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            self.logdir = None
+
+    def _graphs(self) -> tuple[list[list[dict]], list[str]]:
+        """Executed partition graphs of every function instantiated so far; Horovod op creation order."""
+        md = self.ctx.export_run_metadata()
+        graphs: list[list[dict]] = []
+        hvd_order: list[str] = []
+        if md is None:
+            return graphs, hvd_order
+        for fg in md.function_graphs:
+            for pg in fg.partition_graphs:
+                graphs.append(_graph_json(pg))
+            for n in fg.pre_optimization_graph.node:
+                if n.op.startswith("Horovod") and n.name not in hvd_order:
+                    hvd_order.append(n.name)
+        for pg in md.partition_graphs:
+            graphs.append(_graph_json(pg))
+        return graphs, hvd_order
+
+    def stop_and_write(self) -> None:
+        from dpro.importers.xplane import read_xspace
+
+        self._stop()
+        try:
+            rank, world, library = rank_world()
+            out = self.config.out_dir
+            out.mkdir(parents=True, exist_ok=True)
+            assert self.logdir is not None
+            found = sorted(Path(self.logdir).rglob("*.xplane.pb"))
+            if not found:
+                raise RuntimeError(f"the TF profiler wrote no .xplane.pb under {self.logdir}")
+            xplane = found[-1]
+            events = read_xspace(xplane)
+            steps: dict[str, list[float]] = {}
+            ops: list[list] = []
+            for e in events:
+                if e.name == STEP_TRACE and e.stats.get("step_num") is not None:
+                    steps[str(int(e.stats["step_num"]))] = [e.ts, e.dur]
+                elif e.name in ASYNC_EVENTS and e.stats.get("name"):
+                    ops.append([str(e.stats["name"]), str(e.stats.get("kernel_type") or ""), e.thread, e.ts, e.dur,
+                                ASYNC_EVENTS[e.name]])
+                elif e.op_type and not e.name.startswith(SKIP_PREFIXES):
+                    ops.append([e.node or e.name, e.op_type, e.thread, e.ts, e.dur, "op"])
+            graphs, hvd_order = self._graphs()
+            if not graphs:
+                log.warning("dpro: no TF function graph was collected (was dpro.Recorder created after the step "
+                            "function first ran?): the import will build a trace-only DFG")
+            shutil.copyfile(xplane, out / f".rank{rank}.xplane.pb.part")
+            os.replace(out / f".rank{rank}.xplane.pb.part", out / f"rank{rank}.xplane.pb")
+            write_json(out / f"rank{rank}.json.gz", {
+                "format": RANK_FORMAT,
+                "version": 1,
+                "rank": rank,
+                "clock": "unix-epoch-us",
+                "steps": steps,
+                "events": ops,
+                "graphs": graphs,
+                "horovod_ops": hvd_order,
+            })
+            write_json(out / f"rank{rank}.meta.json", {
+                "format": "dpro-rank-meta",
+                "version": 1,
+                "framework": "tensorflow",
+                "framework_version": self.tf.__version__,
+                "rank": rank,
+                "world_size": world,
+                "library": library,
+                "host": self.config.host,
+                "steps": self.steps,
+                "model": type(self.model).__name__,
+                "params": _variables(self.model),
+            })
+            log.info("dpro: rank %d wrote its trace to %s", rank, out)
+        finally:
+            self._cleanup()

@@ -1,0 +1,106 @@
+"""TensorFlow 2 + Horovod (CPU, gloo) training with dpro's two-line recorder.
+
+    dpro profile -o traces/ -- horovodrun -np 2 --gloo -H localhost:2 \\
+        .venv-tf/bin/python examples/tensorflow/hvd_recorder.py --model convnet
+    dpro replay traces/
+
+A plain Horovod loop: a ``tf.function`` step that computes the gradients with a
+``GradientTape``, all-reduces each one with ``hvd.allreduce`` (Horovod names it after the
+graph op, ``HorovodAllreduce_<gradient>``; dpro joins the timeline to the graph by that
+name) and applies them. (Keras 3 variables break ``hvd.DistributedGradientTape`` and
+``hvd.broadcast_variables`` in Horovod 0.28.1, so the step calls ``hvd.allreduce`` and
+the start-up ``hvd.broadcast`` directly.) The two dpro lines are marked below.
+
+The script measures its own step time, independently of dpro: the wall time of each call
+of the compiled step (``--steps`` calls; the first ``--skip`` are compile/warm-up and are
+not counted), reported as the median over the calls dpro profiled and over the calls it
+did not (``dpro-timing {...}`` on stdout, one JSON line per rank, and ``--timing-out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+import dpro  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import MODEL_NAMES, build  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", choices=MODEL_NAMES, default="convnet")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--steps", type=int, default=20, help="calls of the step function in all")
+    p.add_argument("--skip", type=int, default=3, help="first calls left out of the unprofiled median")
+    p.add_argument("--threads", type=int, default=0,
+                   help="TF intra- and inter-op threads per worker (default: cores / local workers)")
+    p.add_argument("--timing-out", default=None, help="write this rank's timing JSON to PATH.<rank>.json")
+    args = p.parse_args()
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as e:
+        raise SystemExit(f"hvd_recorder.py: horovod.tensorflow is not importable ({e}); run scripts/setup_tf.sh")
+    hvd.init()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+    model, ds, loss_fn = build(args.model, args.batch_size, seed=hvd.rank())
+    opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    for v in model.variables:  # same initial weights everywhere
+        v.assign(hvd.broadcast(v, root_rank=0))
+    it = iter(ds)
+
+    recorder = dpro.Recorder(model)  # dpro line 1
+
+    @tf.function
+    def train_step(it):
+        x, y = next(it)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        # dense all-reduces (like sparse_as_dense=True): an embedding's IndexedSlices would be all-gathered
+        grads = [hvd.allreduce(tf.convert_to_tensor(g), op=hvd.Average) for g in grads]
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    times: list[float] = []
+
+    @dpro.profile(recorder)  # dpro line 2
+    def step() -> float:
+        t0 = time.perf_counter()
+        loss = train_step(it)
+        times.append(time.perf_counter() - t0)
+        return float(loss)
+
+    try:
+        for _ in range(args.steps):
+            loss = step()
+        window = recorder.window if recorder.config.enabled else range(0)
+        prof = [times[i] for i in window if i < len(times)]
+        unprof = [t for i, t in enumerate(times) if i >= args.skip and i not in window]
+        med = lambda xs: statistics.median(xs) * 1e6 if xs else None  # noqa: E731
+        timing = {"rank": hvd.rank(), "size": hvd.size(), "model": args.model, "threads": threads,
+                  "profiled_steps": list(window), "median_step_us_profiled": med(prof),
+                  "median_step_us_unprofiled": med(unprof), "unprofiled_steps": len(unprof),
+                  "step_us": [t * 1e6 for t in times], "last_loss": loss}
+        print("dpro-timing " + json.dumps({k: v for k, v in timing.items() if k != "step_us"}), flush=True)
+        if args.timing_out:
+            Path(f"{args.timing_out}.{hvd.rank()}.json").write_text(json.dumps(timing))
+    finally:
+        hvd.shutdown()  # closes the timeline on rank 0
+
+
+if __name__ == "__main__":
+    main()
