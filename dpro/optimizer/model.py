@@ -106,12 +106,13 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
     ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
     synchronisation cannot be modelled and the trace is refused.
     """
+    where = gt.source or gt.manifest.meta.get("source") or "<trace>"
     if link is None:
-        raise DproInputError(gt.source or "<trace>",
-                             "no link cost could be fitted (collective sizes unknown): cannot model synchronisation")
+        raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
+                                    "with its size recorded on every rank of its group")
     workers = gt.workers()
     if not workers:
-        raise DproInputError(gt.source or "<trace>", "has no worker node to optimize")
+        raise DproInputError(where, "has no worker node to optimize")
     steps = steps or typical_steps(list(gt.nodes.values()), gt.manifest.steps)
     per_rank = [node_stats(nt, steps) for nt in workers]
     # The slowest worker stands for all: a synchronous job runs at its straggler's pace.
@@ -165,7 +166,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
             units.append(Unit(c.tensor or c.id, c.bytes, ready, consumers))
         groups.append(members)
     if not units:
-        raise DproInputError(gt.source or "<trace>", "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
+        raise DproInputError(where, "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
     servers = sum(1 for n in gt.nodes.values() if n.info.role == "server")
     return JobModel(
         ops=ops, edges=edges, units=units, baseline_groups=groups,
