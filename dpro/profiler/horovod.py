@@ -53,11 +53,14 @@ atom's group ended in most steps.
 from __future__ import annotations
 
 import bisect
+import os
+import sys
 import logging
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -270,6 +273,45 @@ def plan_atoms(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, 
     members = sorted(sig.values(), key=lambda ts: pos[ts[0]])
     atoms = [Atom(k, ts, sum(int(params[n]["bytes"]) for n in ts)) for k, ts in enumerate(members)]
     return _Plan(params, steps, group_of, order, atoms, notes)
+
+
+def start_dynamic_timeline(module: str, out_dir: Path) -> Any | None:
+    """Start Horovod's timeline for the profiling window when `dpro profile` made it dynamic.
+
+    ``HOROVOD_TIMELINE=DYNAMIC`` (what `dpro profile` sets): every rank calls
+    ``start_timeline``, rank 0 writes it. ``module`` is the Horovod binding the job imported
+    (``horovod.torch``, ``horovod.tensorflow``). Returns it, to stop the timeline with, or
+    None. Outside the window Horovod then records nothing (a timeline for the whole run
+    costs ~14 % per step here).
+    """
+    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
+        return None
+    hvd = sys.modules.get(module)
+    if hvd is None:
+        return None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        hvd.start_timeline(str(out_dir.resolve() / TIMELINE_NAME), mark_cycles=False)
+    except Exception as e:  # noqa: BLE001 - profiling must never break training
+        log.warning("dpro: cannot start Horovod's timeline (%s): collectives will not be modelled", e)
+        return None
+    return hvd
+
+
+def groups_meta(plan: "_Plan", excess: dict[int, float]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """What each profiled step's fusion groups were, and the atoms: for ``meta.horovod``."""
+    per_step = {
+        str(s): [
+            {"tensors": [n for n in plan.order if plan.group_of[s][n] is g],
+             "bytes": sum(int(plan.params[n]["bytes"]) for n in plan.order if plan.group_of[s][n] is g),
+             "start_us": g.exec_start_us, "end_us": g.exec_end_us, "excess_us": excess.get(g.index, 0.0),
+             "atoms": sorted({a.index for a in plan.atoms if plan.group_of[s][a.tensors[0]] is g})}
+            for g in sorted({id(g): g for g in plan.group_of[s].values()}.values(), key=lambda g: g.exec_start_us)
+        ]
+        for s in plan.steps
+    }
+    atoms = [{"txn": a.txn, "op": a.op_id, "tensors": a.tensors, "bytes": a.bytes} for a in plan.atoms]
+    return per_step, atoms
 
 
 class TimelineUnusable(Exception):
@@ -563,17 +605,7 @@ def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict
     for nt in nodes:
         _apply_rank(nt, plan, off, raw, world, prod, notes)
     check_windows(gt, plan, off, notes)
-    per_step = {
-        str(s): [
-            {"tensors": [n for n in plan.order if plan.group_of[s][n] is g],
-             "bytes": sum(int(plan.params[n]["bytes"]) for n in plan.order if plan.group_of[s][n] is g),
-             "start_us": g.exec_start_us, "end_us": g.exec_end_us, "excess_us": excess.get(g.index, 0.0),
-             "atoms": sorted({a.index for a in plan.atoms if plan.group_of[s][a.tensors[0]] is g})}
-            for g in sorted({id(g): g for g in plan.group_of[s].values()}.values(), key=lambda g: g.exec_start_us)
-        ]
-        for s in plan.steps
-    }
-    atoms = [{"txn": a.txn, "op": a.op_id, "tensors": a.tensors, "bytes": a.bytes} for a in plan.atoms]
+    per_step, atoms = groups_meta(plan, excess)
     for nt in nodes:
         nt.meta["horovod"] = {
             "timeline": TIMELINE_NAME,

@@ -41,6 +41,7 @@ from typing import Any
 
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
+from dpro.profiler.horovod import start_dynamic_timeline
 
 log = logging.getLogger(__name__)
 
@@ -102,28 +103,6 @@ def _variables(model: Any) -> list[dict]:
     return out
 
 
-def _start_horovod_timeline(out_dir: Path) -> Any | None:
-    """Start Horovod's timeline for the window when `dpro profile` made it dynamic.
-
-    ``HOROVOD_TIMELINE=DYNAMIC`` (what `dpro profile` sets): every rank calls
-    ``start_timeline``, rank 0 writes it. Returns ``horovod.tensorflow`` to stop it with, or None.
-    """
-    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
-        return None
-    hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is None:
-        return None
-    from dpro.profiler.horovod import TIMELINE_NAME
-
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        hvd.start_timeline(str(out_dir.resolve() / TIMELINE_NAME), mark_cycles=False)
-    except Exception as e:  # noqa: BLE001 - profiling must never break training
-        log.warning("dpro: cannot start Horovod's timeline (%s): its collectives will not be modelled", e)
-        return None
-    return hvd
-
-
 class TFBackend:
     """Records one rank of a TensorFlow 2 job."""
 
@@ -145,7 +124,7 @@ class TFBackend:
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                              device_tracer_level=1)
-        self._hvd = _start_horovod_timeline(self.config.out_dir)
+        self._hvd = start_dynamic_timeline("horovod.tensorflow", self.config.out_dir)
         self.tf.profiler.experimental.start(self.logdir, options=opts)
         self.active = True
 

@@ -535,17 +535,7 @@ def _apply_horovod(gt: GTrace, ranks: dict[int, _Rank], built: dict[int, tuple],
                                      producer=ids.get(g.producer) if g.producer else None,
                                      txn=atom_of[g.name].txn if g.name in atom_of else None))
     hvdlib.check_windows(gt, plan, off, notes)
-    per_step = {
-        str(s): [
-            {"tensors": [n for n in plan.order if plan.group_of[s][n] is grp],
-             "bytes": sum(int(plan.params[n]["bytes"]) for n in plan.order if plan.group_of[s][n] is grp),
-             "start_us": grp.exec_start_us, "end_us": grp.exec_end_us, "excess_us": excess.get(grp.index, 0.0),
-             "atoms": sorted({a.index for a in plan.atoms if plan.group_of[s][a.tensors[0]] is grp})}
-            for grp in sorted({id(x): x for x in plan.group_of[s].values()}.values(), key=lambda x: x.exec_start_us)
-        ]
-        for s in plan.steps
-    }
-    atoms = [{"txn": a.txn, "op": a.op_id, "tensors": a.tensors, "bytes": a.bytes} for a in plan.atoms]
+    per_step, atoms = hvdlib.groups_meta(plan, excess)
     for nt in nodes:
         r = nt.info.rank
         nt.meta["horovod"] = {

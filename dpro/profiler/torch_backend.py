@@ -27,6 +27,7 @@ import torch
 from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
+from dpro.profiler.horovod import start_dynamic_timeline
 
 log = logging.getLogger(__name__)
 
@@ -50,30 +51,6 @@ def _rank_world() -> tuple[int, int, str | None]:
     if "HOROVOD_RANK" in env:
         return int(env["HOROVOD_RANK"]), int(env.get("HOROVOD_SIZE", 1)), "horovod"
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), None
-
-
-def _start_horovod_timeline(out_dir: Path) -> Any | None:
-    """Start Horovod's timeline for the window when `dpro profile` made it dynamic.
-
-    Returns the ``horovod.torch`` module to stop it with, or None. Outside the window
-    Horovod then records nothing (a timeline for the whole run costs ~14 % here).
-    """
-    import sys
-
-    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
-        return None
-    hvd = sys.modules.get("horovod.torch")
-    if hvd is None:
-        return None
-    from dpro.profiler.horovod import TIMELINE_NAME
-
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        hvd.start_timeline(str(out_dir.resolve() / TIMELINE_NAME), mark_cycles=False)
-    except Exception as e:  # noqa: BLE001 - profiling must never break training
-        log.warning("dpro: cannot start Horovod's timeline (%s): collectives will keep coarse times", e)
-        return None
-    return hvd
 
 
 class TorchBackend:
@@ -152,7 +129,7 @@ class TorchBackend:
         if torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters()):
             acts.append(ProfilerActivity.CUDA)
         self._install_layer_hooks()
-        self._hvd = _start_horovod_timeline(self.config.out_dir)
+        self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
         self.prof = profile(activities=acts, record_shapes=True)
         self.prof.start()
         self.active = True
