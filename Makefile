@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 # Horovod wheels built here are cached (a rebuild takes minutes on 2 cores).
 HOROVOD_WHEEL_CACHE ?= $(HOME)/.cache/dpro/horovod-wheels
 
-.PHONY: setup horovod mxnet tf demo test bench clean
+.PHONY: setup horovod mxnet tf pslite demo test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ mxnet:
 tf:
 	PY=$(PY) HOROVOD_WHEEL_CACHE=$(HOROVOD_WHEEL_CACHE) MAKEFLAGS=-j2 scripts/setup_tf.sh
 
+# ps-lite (from the BytePS 0.2.5.post15 sdist) with dpro's message trace; cached in ~/.cache/dpro/pslite.
+pslite: setup
+	native/pslite_patch/build.sh $(BIN)/python
+
 # The main job: replay the bundled real trace, then profile a live 2-rank DDP run, replay it
 # and optimize it (strategy files in out/demo_strategy).
 demo: setup
@@ -39,7 +43,7 @@ demo: setup
 	$(BIN)/dpro replay out/demo_trace --timeline out/demo_timeline.json
 	$(BIN)/dpro optimize out/demo_trace -o out/demo_strategy --force --budget 20
 
-test: setup horovod mxnet tf
+test: setup horovod mxnet tf pslite
 	$(BIN)/python -m pytest -q
 
 bench: setup

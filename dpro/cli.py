@@ -62,6 +62,7 @@ def cli(verbose: int) -> None:
       dpro optimize traces/ -o out/  a faster strategy (fusion, partition) and its settings
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
       dpro import byteps DIR -o OUT  convert BytePS traces (docs/byteps.md)
+      dpro import pslite DIR -o OUT  convert ps-lite message traces (docs/pslite.md)
 
     Times are in microseconds and sizes in bytes in every file and JSON output.
     """
@@ -306,8 +307,10 @@ def import_kineto_cmd(path: Path, output: Path, force: bool, rank_pattern: str) 
 
 def _add_plugin_commands() -> None:
     from dpro.importers.byteps import add_byteps_command
+    from dpro.importers.pslite import add_pslite_command
 
     add_byteps_command(import_)
+    add_pslite_command(import_)
 
 
 _add_plugin_commands()

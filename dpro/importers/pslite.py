@@ -1,0 +1,557 @@
+"""Message traces of dpro's ps-lite patch (``native/pslite_patch``) -> a gTrace.
+
+The patch writes one JSON-lines file per process (``pslite.<role>.<host>.<pid>.jsonl``,
+format in docs/pslite.md): a header line, then one line per message the process's Van
+sent or received.  This module reads them (:func:`read_trace_file`,
+:func:`read_trace_dir`) and builds a gTrace (:func:`to_gtrace`):
+
+* **Exchanges.** ps-lite answers every data request: a worker's push (pull) request to a
+  server gets a push (pull) response carrying the same (app, customer, timestamp).  An
+  exchange is (worker id, server id, app, customer, timestamp, push); it has four
+  records: request sent (worker), request received (server), response sent (server),
+  response received (worker), joined by the message id ``mid``.
+* **Slots and steps.** A worker's exchanges with one server for one key list (and app,
+  customer) form a slot, the unit of an op.  Step n of a slot is its n-th pull, with
+  the last push sent after the previous pull and before it (the push that pull reads);
+  a slot that never pulls counts its pushes.  Other pushes (e.g. initialisation pushes
+  before the first round) belong to no step.  The trace's steps are 0 .. m-1, m the
+  smallest step count of any slot (extra rounds of some slots are left out, with a note).
+* **Ops.** Every message is two COMM ops paired by ``txn``: the send on its sender and
+  the receive on its receiver.  Following the gTrace convention (docs/alignment.md),
+  worker -> server messages are ``PUSH_REQ`` (send) -> ``PUSH_RES`` (receive) and
+  server -> worker messages ``PULL_REQ`` (send) -> ``PULL_RES`` (receive); the op name
+  says which ps-lite message it is (``push_request``, ``push_response``,
+  ``pull_request``, ``pull_response``).  A send's event lasts from the call into the Van
+  to the Van's return (zeromq's Van first waits for its socket lock, then queues the
+  message); a receive's event lasts from the end of its sender's send to its arrival at
+  the receiving Van (the message's flight, exact when both run on one host; across hosts
+  it assumes synchronised clocks).
+* **Local DFG edges.** Worker: its sends in program order (as in the first step); each
+  request -> its response; a push response -> the pull request of the same slot when,
+  in every step, that pull was sent after the push response arrived (the program
+  waited).  Server: each request -> its response; and, when in every step every
+  worker's push (pull) response for a key was sent only after every worker's push of
+  that key arrived (synchronous aggregation), every worker's push -> each of those
+  responses.
+* **Devices.** A worker's sends run on ``app`` (the thread that calls ZPush/ZPull); a
+  server's sends on ``to:<worker>:<tensor>``.
+  A server answers on one thread, but the time a response waited for that thread is
+  already in its measured gap, so responses are not queued on one device again.
+  Receives from one peer share a device ``from:<peer>`` (one connection delivers in
+  order) and are chained in arrival order where that order held in every step, so a
+  receive's own time is its arrival after the previous one (not the whole flight again).
+* **Step windows**, by the workers' timestamps (one host: one clock), so that every
+  node's measured iteration is the workers' view: a worker's step runs from its first
+  request to its last response; a server's step starts at the first request it got in
+  that step and lasts the mean, over workers, of the span (first request to last
+  response) of that worker's exchanges with it.  (Workers of a synchronous PS run their
+  steps together; the asynchronous test programs let them drift apart, and a union of
+  their windows would measure the drift.)
+
+Control (ADD_NODE, BARRIER, ...) and SimpleApp messages are read and validated but not
+turned into ops; nor is the scheduler (no data messages).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dpro.errors import DproInputError
+from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
+from dpro.jsonio import read_bytes
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "dpro-pslite-trace"
+FORMAT_VERSION = 1
+FILE_GLOB = "pslite.*.jsonl"
+DATA_KINDS = ("push_req", "push_res", "pull_req", "pull_res")
+KINDS = DATA_KINDS + ("control", "simple")
+ROLES = ("worker", "server", "scheduler")
+
+#: ps-lite message -> (sub-op of its send, sub-op of its receive, op-name stem)
+MESSAGE_OPS = {
+    "push_req": ("PUSH_REQ", "PUSH_RES", "push_request"),
+    "push_res": ("PULL_REQ", "PULL_RES", "push_response"),
+    "pull_req": ("PUSH_REQ", "PUSH_RES", "pull_request"),
+    "pull_res": ("PULL_REQ", "PULL_RES", "pull_response"),
+}
+
+
+@dataclass(slots=True)
+class Record:
+    """One message as one process saw it (µs on that process's host clock)."""
+
+    line: int
+    ts: float
+    dir: str
+    kind: str
+    node: int | None
+    sender: int | None
+    recver: int | None
+    app: int | None
+    customer: int | None
+    msg_ts: int | None
+    mid: str
+    seq: int
+    wire_bytes: int
+    dur_us: float
+    keys: tuple[int, ...] = ()
+    nkeys: int = 0
+    data_bytes: int = 0
+    val_bytes: int = 0
+    cmd: str | None = None
+
+
+@dataclass
+class ProcessTrace:
+    """One process's file: who it is and what it sent and received."""
+
+    path: Path
+    host: str
+    pid: int
+    role: str
+    records: list[Record] = field(default_factory=list)
+    #: ps-lite node id (from the data messages; None when it sent or received none)
+    node_id: int | None = None
+
+    @property
+    def rank(self) -> int:
+        """ps-lite's Postoffice::IDtoRank."""
+        return max(((self.node_id or 0) - 8) // 2, 0)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.rank}"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _field(d: dict, key: str, typ: tuple[type, ...], path: Path, line: int, nullable: bool = False, signed: bool = False) -> Any:
+    if key not in d:
+        raise DproInputError(path, f"line {line}: missing field '{key}'")
+    v = d[key]
+    if v is None and nullable:
+        return None
+    if not isinstance(v, typ) or isinstance(v, bool):
+        raise DproInputError(path, f"line {line}: field '{key}' has the wrong type ({type(v).__name__})")
+    if isinstance(v, (int, float)) and (v != v or abs(v) == float("inf") or (v < 0 and not signed)):
+        raise DproInputError(path, f"line {line}: field '{key}' must not be negative ({v})")
+    return v
+
+
+def _parse_header(d: Any, path: Path) -> ProcessTrace:
+    if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+        raise DproInputError(path, f"line 1: not a ps-lite trace (expected a header with \"format\": \"{FORMAT_NAME}\")")
+    version = _field(d, "version", (int,), path, 1)
+    if version > FORMAT_VERSION:
+        raise DproInputError(path, f"line 1: trace version {version} is newer than this dpro supports ({FORMAT_VERSION})")
+    if d.get("unit") != "us" or d.get("clock") != "CLOCK_REALTIME":
+        raise DproInputError(path, "line 1: expected \"unit\": \"us\" and \"clock\": \"CLOCK_REALTIME\"")
+    role = _field(d, "role", (str,), path, 1)
+    if role not in ROLES:
+        raise DproInputError(path, f"line 1: unknown role '{role}' (DMLC_ROLE; expected one of {', '.join(ROLES)})")
+    return ProcessTrace(path=path, host=_field(d, "host", (str,), path, 1), pid=_field(d, "pid", (int,), path, 1), role=role)
+
+
+def _parse_record(d: Any, path: Path, n: int) -> Record:
+    if not isinstance(d, dict):
+        raise DproInputError(path, f"line {n}: expected a JSON object")
+    num = (int, float)
+    direction = _field(d, "dir", (str,), path, n)
+    if direction not in ("send", "recv"):
+        raise DproInputError(path, f"line {n}: field 'dir' must be \"send\" or \"recv\", not {direction!r}")
+    kind = _field(d, "kind", (str,), path, n)
+    if kind not in KINDS:
+        raise DproInputError(path, f"line {n}: unknown message kind {kind!r} (expected one of {', '.join(KINDS)})")
+    rec = Record(
+        line=n,
+        ts=float(_field(d, "ts", num, path, n)),
+        dir=direction,
+        kind=kind,
+        node=_field(d, "node", (int,), path, n, nullable=True),
+        sender=_field(d, "sender", (int,), path, n, nullable=True),
+        recver=_field(d, "recver", (int,), path, n, nullable=True),
+        app=_field(d, "app", (int,), path, n, nullable=True),
+        customer=_field(d, "customer", (int,), path, n, nullable=True),
+        msg_ts=_field(d, "msg_ts", (int,), path, n, nullable=True),
+        mid=_field(d, "mid", (str,), path, n),
+        seq=_field(d, "seq", (int,), path, n),
+        wire_bytes=_field(d, "wire_bytes", (int,), path, n),
+        dur_us=float(_field(d, "dur_us", num, path, n)),
+    )
+    if kind == "control":
+        rec.cmd = _field(d, "cmd", (str,), path, n)
+    elif kind in DATA_KINDS:
+        keys = _field(d, "keys", (list,), path, n)
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in keys):
+            raise DproInputError(path, f"line {n}: field 'keys' must be a list of non-negative integers")
+        rec.keys = tuple(keys)
+        rec.nkeys = _field(d, "nkeys", (int,), path, n)
+        rec.data_bytes = _field(d, "data_bytes", (int,), path, n)
+        rec.val_bytes = _field(d, "val_bytes", (int,), path, n)
+        _field(d, "head", (int,), path, n, nullable=True, signed=True)
+        for k in ("node", "sender", "recver", "app", "customer", "msg_ts"):
+            if getattr(rec, k) is None:
+                raise DproInputError(path, f"line {n}: a {kind} message without '{k}'")
+        me = rec.sender if direction == "send" else rec.recver
+        if me != rec.node:
+            raise DproInputError(path, f"line {n}: node {rec.node} is not the message's {'sender' if direction == 'send' else 'receiver'} ({me})")
+    return rec
+
+
+def read_trace_file(path: str | Path) -> ProcessTrace:
+    """Parse and validate one process's trace; DproInputError names the file and line."""
+    path = Path(path)
+    lines = read_bytes(path).split(b"\n")
+    pt: ProcessTrace | None = None
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            if i < len(lines):  # only the final newline may leave an empty line
+                raise DproInputError(path, f"line {i}: empty line")
+            continue
+        try:
+            d = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise DproInputError(path, f"line {i}: not valid JSON ({e})") from None
+        if pt is None:
+            if i != 1:
+                raise DproInputError(path, "line 1: missing header")
+            pt = _parse_header(d, path)
+            continue
+        rec = _parse_record(d, path, i)
+        if rec.kind in DATA_KINDS:
+            if pt.node_id is None:
+                pt.node_id = rec.node
+            elif rec.node != pt.node_id:
+                raise DproInputError(path, f"line {i}: node id {rec.node} differs from this process's earlier id {pt.node_id}")
+        pt.records.append(rec)
+    if pt is None:
+        raise DproInputError(path, "empty file: no header")
+    if pt.node_id is not None:
+        expect = "worker" if pt.node_id % 2 else "server"
+        if pt.node_id < 8 or pt.role != expect:
+            raise DproInputError(path, f"node id {pt.node_id} does not belong to a {pt.role} (ps-lite: servers 8, 10, ..., workers 9, 11, ...)")
+    return pt
+
+
+def read_trace_dir(root: str | Path) -> list[ProcessTrace]:
+    """Every ``pslite.*.jsonl`` of ``root`` (a directory), parsed."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DproInputError(root, "not a directory")
+    files = sorted(root.glob(FILE_GLOB))
+    if not files:
+        raise DproInputError(root, f"no ps-lite trace files ({FILE_GLOB}); was PS_TRACE_DIR set?")
+    procs = [read_trace_file(f) for f in files]
+    seen: dict[int, Path] = {}
+    for p in procs:
+        if p.node_id is not None:
+            if p.node_id in seen:
+                raise DproInputError(p.path, f"node id {p.node_id} also in {seen[p.node_id].name} (traces of two jobs in one directory?)")
+            seen[p.node_id] = p.path
+    return procs
+
+
+# --------------------------------------------------------------------------- exchanges
+
+
+@dataclass
+class Exchange:
+    """A request and its response: the four records, when their processes were traced."""
+
+    worker: int
+    server: int
+    app: int
+    customer: int | None
+    msg_ts: int | None
+    push: bool
+    req_send: Record | None = None
+    req_recv: Record | None = None
+    res_send: Record | None = None
+    res_recv: Record | None = None
+    step: int | None = None
+
+    @property
+    def request(self) -> str:
+        return "push_req" if self.push else "pull_req"
+
+    @property
+    def response(self) -> str:
+        return "push_res" if self.push else "pull_res"
+
+
+def exchanges(procs: list[ProcessTrace]) -> list[Exchange]:
+    """Join every traced data message into its exchange; each end recorded at most once."""
+    ex: dict[tuple, Exchange] = {}
+    for p in procs:
+        for r in p.records:
+            if r.kind not in DATA_KINDS:
+                continue
+            is_req = r.kind.endswith("_req")
+            worker, server = (r.sender, r.recver) if is_req else (r.recver, r.sender)
+            key = (worker, server, r.app, r.customer, r.msg_ts, r.kind.startswith("push"))
+            e = ex.get(key)
+            if e is None:
+                e = ex[key] = Exchange(*key)
+            end = ("req_" if is_req else "res_") + r.dir
+            if getattr(e, end) is not None:
+                raise DproInputError(p.path, f"line {r.line}: message {r.mid} recorded twice (also line {getattr(e, end).line})")
+            setattr(e, end, r)
+    return list(ex.values())
+
+
+# --------------------------------------------------------------------------- gTrace
+
+
+def _tensor(keys: tuple[int, ...], nkeys: int, app: int, customer: int) -> str:
+    base = f"key{keys[0]}" if nkeys == 1 else f"keys{keys[0]}-{keys[-1]}x{nkeys}" if keys else "nokeys"
+    return base if (app, customer) == (0, 0) else f"a{app}.c{customer}.{base}"
+
+
+def _assign_steps(slot: list[Exchange]) -> int:
+    """Number the steps of one worker's slot (see the module doc); returns the count."""
+    slot.sort(key=lambda e: (e.req_send.ts, e.req_send.seq))  # seq: the order within one µs
+    pulls = [e for e in slot if not e.push]
+    if not pulls:
+        for i, e in enumerate(slot):
+            e.step = i
+        return len(slot)
+    n, last_push = 0, None
+    for e in slot:
+        if e.push:
+            last_push = e
+            continue
+        e.step = n
+        if last_push is not None:
+            last_push.step = n
+        last_push = None
+        n += 1
+    return n
+
+
+def to_gtrace(procs: list[ProcessTrace], *, framework: str = "ps-lite", source: str | None = None) -> GTrace:
+    """Build the gTrace of a traced ps-lite job (see the module doc)."""
+    by_id = {p.node_id: p for p in procs if p.node_id is not None}
+    workers = sorted((p for p in by_id.values() if p.role == "worker"), key=lambda p: p.rank)
+    servers = sorted((p for p in by_id.values() if p.role == "server"), key=lambda p: p.rank)
+    where = source or (str(procs[0].path.parent) if procs else None)
+    if not workers:
+        raise DproInputError(where, "no worker exchanged data messages: nothing to import")
+    notes: list[str] = []
+    ex = exchanges(procs)
+    # Every process that exchanged data must be traced (gTrace's PS pairs need both ends).
+    for e in ex:
+        for nid in (e.worker, e.server):
+            if nid not in by_id:
+                have = next(r for r in (e.req_send, e.req_recv, e.res_send, e.res_recv) if r is not None)
+                raise DproInputError(where, f"no trace file of ps-lite node {nid}, which exchanged message {have.mid}: "
+                                            "every worker's and server's file is needed")
+    # Every end must be there.
+    for e in ex:
+        for end, node in (("req_send", e.worker), ("res_recv", e.worker), ("req_recv", e.server), ("res_send", e.server)):
+            if getattr(e, end) is None:
+                have = next(r for r in (e.req_send, e.req_recv, e.res_send, e.res_recv) if r is not None)
+                kind = e.request if end.startswith("req") else e.response
+                raise DproInputError(
+                    by_id[node].path,
+                    f"{'no record of' if end.endswith('recv') else 'no send of'} the {kind} of exchange "
+                    f"{e.worker}<->{e.server} ts {e.msg_ts} (message {have.mid} is in the trace): "
+                    f"an unanswered request or a process that did not flush (killed?)",
+                )
+    # Steps, per worker slot.
+    slots: dict[tuple, list[Exchange]] = defaultdict(list)
+    for e in ex:
+        r = e.req_send
+        slots[(e.worker, e.server, e.app, e.customer, r.keys, r.nkeys)].append(e)
+    counts = {k: _assign_steps(v) for k, v in slots.items()}
+    n_steps = min(counts.values())
+    if n_steps == 0:
+        raise DproInputError(where, "no complete step: some worker slot has no pull (or push) at all")
+    if max(counts.values()) > n_steps:
+        notes.append(f"ps-lite: slots have {n_steps} to {max(counts.values())} steps; steps >= {n_steps} are left out")
+    unassigned = sum(1 for e in ex if e.step is None or e.step >= n_steps)
+    if unassigned:
+        notes.append(f"ps-lite: {unassigned} exchange(s) (e.g. initialisation pushes) belong to no profiled step")
+    steps = list(range(n_steps))
+
+    nodes: dict[str, NodeTrace] = {}
+    for p in workers + servers:
+        nodes[p.name] = NodeTrace(NodeInfo(p.name, p.role, p.rank, p.host, f"{p.name}.events.json.gz", f"{p.name}.dfg.json.gz"))
+    skewed = 0
+    window: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
+
+    def add(nt: NodeTrace, op_id: str, kind: str, is_send: bool, tensor: str, txn: str, peer: int, nbytes: int, device: str) -> None:
+        if op_id not in nt.ops:
+            sub_send, sub_recv, stem = MESSAGE_OPS[kind]
+            nt.ops[op_id] = Op(op_id, f"ps-lite:{stem}.{'send' if is_send else 'recv'}", "COMM", device,
+                               sub_op=sub_send if is_send else sub_recv, tensor=tensor, bytes=nbytes, txn=txn, peer=peer)
+
+    def event(nt: NodeTrace, op_id: str, step: int, send: Record, recv: Record, is_send: bool) -> None:
+        nonlocal skewed
+        sent = send.ts + send.dur_us  # the Van handed it to the transport
+        if is_send:
+            nt.events.append(Event(op_id, step, send.ts, send.dur_us))
+        elif recv.ts >= sent:
+            nt.events.append(Event(op_id, step, sent, recv.ts - sent))
+        else:
+            skewed += 1
+            nt.events.append(Event(op_id, step, recv.ts, 0.0))
+
+    for (wid, sid, app, cust, keys, nkeys), slot in slots.items():
+        w = by_id[wid]
+        s = by_id[sid]
+        tensor = _tensor(keys, nkeys, app, cust)
+        wname, sname = w.name, s.name
+        for e in slot:
+            if e.step is None or e.step >= n_steps:
+                continue
+            if e.res_recv is not None:  # the step's window, as the worker sees it
+                for key in ((wname, wname), (sname, wname)):
+                    lo, hi = window[key].get(e.step, (e.req_send.ts, e.res_recv.ts))
+                    window[key][e.step] = (min(lo, e.req_send.ts), max(hi, e.res_recv.ts))
+            for kind, send, recv in ((e.request, e.req_send, e.req_recv), (e.response, e.res_send, e.res_recv)):
+                txn = f"{tensor}/{wname}/{kind}"
+                nbytes = send.data_bytes
+                to_server = kind.endswith("_req")
+                # worker side
+                wop = f"{tensor}@{sname}/{kind}.{'send' if to_server else 'recv'}"
+                add(nodes[wname], wop, kind, to_server, tensor, txn, s.rank, nbytes,
+                    "app" if to_server else f"from:{sname}")
+                event(nodes[wname], wop, e.step, send, recv, to_server)
+                # server side
+                sop = f"{tensor}@{wname}/{kind}.{'recv' if to_server else 'send'}"
+                add(nodes[sname], sop, kind, not to_server, tensor, txn, w.rank, nbytes,
+                    f"from:{wname}" if to_server else f"to:{wname}:{tensor}")
+                event(nodes[sname], sop, e.step, send, recv, not to_server)
+    if skewed:
+        notes.append(f"ps-lite: {skewed} receive(s) arrived before they were sent by the sender's clock "
+                     "(hosts' clocks differ): kept as instants at arrival")
+    _edges(nodes, workers, servers, steps, notes)
+    for name, nt in nodes.items():
+        spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for (node, _), win in window.items():
+            if node == name:
+                for st, se in win.items():
+                    spans[st].append(se)
+        nt.steps = {st: (min(lo for lo, _ in v), sum(hi - lo for lo, hi in v) / len(v)) for st, v in sorted(spans.items())}
+    for name, nt in nodes.items():
+        if not nt.events:
+            raise DproInputError(by_id[next(i for i, p in by_id.items() if p.name == name)].path, "no data message in any profiled step")
+    infos = [nt.info for nt in nodes.values()]
+    meta = {
+        "importer": "pslite",
+        "source": where,
+        "files": {p.name: str(p.path) for p in workers + servers},
+        "step_rule": "step n of a (worker, server, keys) slot = its n-th pull and the last push before it",
+        "exchanges": len(ex),
+        "unassigned_exchanges": unassigned,
+    }
+    m = Manifest(framework, "ps", "ps-lite", len(workers), infos, steps, meta=meta)
+    return GTrace(manifest=m, nodes=nodes, source=None, notes=notes)
+
+
+def _ev_index(nt: NodeTrace) -> dict[str, dict[int, tuple[float, float]]]:
+    out: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for ev in nt.events:
+        out[ev.op][ev.step] = (ev.ts, ev.ts + ev.dur)
+    return out
+
+
+def _always_after(ev: dict, a: str, b: str, steps: list[int]) -> bool:
+    """In every step where both ran, op ``b`` started no earlier than op ``a`` ended."""
+    both = [s for s in steps if s in ev[a] and s in ev[b]]
+    return bool(both) and all(ev[b][s][0] >= ev[a][s][1] for s in both)
+
+
+def _link_order(nt: NodeTrace, ev: dict, steps: list[int]) -> list[tuple[str, str]]:
+    """Receives from one peer arrive in order (one connection): consecutive ones, in the
+    arrival order of the first step, joined where that order held in every step."""
+    by_dev: dict[str, list[str]] = defaultdict(list)
+    for o, op in nt.ops.items():
+        if op.device.startswith("from:") and steps[0] in ev[o]:
+            by_dev[op.device].append(o)
+    out = []
+    for ops in by_dev.values():
+        ops.sort(key=lambda o: (ev[o][steps[0]][1], o))
+        for a, b in zip(ops, ops[1:]):
+            both = [s for s in steps if s in ev[a] and s in ev[b]]
+            if all(ev[a][s][1] <= ev[b][s][1] for s in both):
+                out.append((a, b))
+    return out
+
+
+def _edges(nodes: dict[str, NodeTrace], workers, servers, steps: list[int], notes: list[str]) -> None:
+    for p in workers:
+        nt = nodes[p.name]
+        ev = _ev_index(nt)
+        first = steps[0]
+        sends = sorted((o for o in nt.ops if o.endswith(".send") and first in ev[o]), key=lambda o: ev[o][first][0])
+        nt.edges += list(zip(sends, sends[1:]))  # one thread issues them, in this order
+        nt.edges += _link_order(nt, ev, steps)
+        for o in nt.ops:
+            stem = o.rsplit("/", 1)[0]
+            for req, res in (("push_req", "push_res"), ("pull_req", "pull_res")):
+                if o == f"{stem}/{req}.send" and f"{stem}/{res}.recv" in nt.ops:
+                    nt.edges.append((o, f"{stem}/{res}.recv"))
+            if o == f"{stem}/push_res.recv" and f"{stem}/pull_req.send" in nt.ops:
+                if _always_after(ev, o, f"{stem}/pull_req.send", steps):
+                    nt.edges.append((o, f"{stem}/pull_req.send"))
+    for p in servers:
+        nt = nodes[p.name]
+        ev = _ev_index(nt)
+        by_tensor: dict[str, list[str]] = defaultdict(list)
+        nt.edges += _link_order(nt, ev, steps)
+        for o in nt.ops:
+            stem = o.rsplit("/", 1)[0]
+            for req, res in (("push_req", "push_res"), ("pull_req", "pull_res")):
+                if o == f"{stem}/{req}.recv" and f"{stem}/{res}.send" in nt.ops:
+                    nt.edges.append((o, f"{stem}/{res}.send"))
+            by_tensor[nt.ops[o].tensor].append(o)
+        aggregated = 0
+        for tensor, ops in by_tensor.items():
+            pushes = [o for o in ops if o.endswith("/push_req.recv")]
+            if len(pushes) < 2:
+                continue
+            for kind in ("push_res", "pull_res"):
+                # every worker's response waited for every worker's push, in every step
+                responses = [o for o in ops if o.endswith(f"/{kind}.send")]
+                if responses and all(_always_after(ev, q, r, steps) for r in responses for q in pushes):
+                    nt.edges += [(q, r) for r in responses for q in pushes]
+                    aggregated += len(responses)
+        if aggregated:
+            notes.append(f"ps-lite: {p.name}: {aggregated} response(s) wait for every worker's push (synchronous aggregation)")
+        nt.edges[:] = list(dict.fromkeys(nt.edges))
+
+
+def import_pslite(root: str | Path, *, framework: str = "ps-lite") -> GTrace:
+    """Read a directory of ps-lite trace files and build its gTrace."""
+    procs = read_trace_dir(root)
+    return to_gtrace(procs, framework=framework, source=str(root))
+
+
+def add_pslite_command(group: Any) -> None:
+    """Register ``dpro import pslite DIR -o OUT`` on the click group ``group``."""
+    import click
+
+    @group.command(name="pslite")
+    @click.argument("path", type=click.Path(path_type=Path))
+    @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="gTrace directory to write.")
+    @click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+    @click.option("--framework", default="ps-lite", show_default=True, help="Framework recorded in the manifest (e.g. mxnet).")
+    def import_pslite_cmd(path: Path, output: Path, force: bool, framework: str) -> None:
+        """Convert ps-lite message traces (PS_TRACE_DIR of native/pslite_patch) to gTrace."""
+        from dpro.gtrace.io import write_gtrace
+
+        gt = import_pslite(path, framework=framework)
+        write_gtrace(gt, output, force=force)
+        click.echo(f"wrote {output} ({len(gt.nodes)} nodes, {len(gt.manifest.steps)} steps)")
+        for n in gt.notes:
+            click.echo(f"  note: {n}")
