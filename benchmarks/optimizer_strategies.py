@@ -6,9 +6,13 @@
 3. run the unprofiled training script (examples/pytorch/train_ddp.py, its own timer) with the
    job's setting, DDP's default, dpro's ``--dpro-strategy``, no fusion and fuse-everything,
    ``--repeats`` times each, interleaved; print predicted and measured iteration times
-   (medians) and the speed-ups over the job as profiled.
+   (medians) and the speed-ups over the job as profiled;
+4. with ``--horovod``, the same for Horovod (gloo): profile examples/pytorch/hvd_recorder.py with
+   Horovod's defaults, ``dpro optimize`` it, and measure examples/pytorch/train_horovod.py with
+   the defaults, with dpro's ``horovod.json`` (groups + fusion threshold) and with
+   ``HOROVOD_AUTOTUNE=1`` (measured only: autotuning has no fixed strategy to predict).
 
-    python benchmarks/optimizer_strategies.py --model mlp --repeats 3
+    python benchmarks/optimizer_strategies.py --model mlp --repeats 3 [--horovod]
 """
 
 from __future__ import annotations
@@ -46,6 +50,16 @@ def measure(port: int, args: argparse.Namespace, extra: list[str], out: Path) ->
     return statistics.median(steps)
 
 
+def measure_horovod(args: argparse.Namespace, extra: list[str], env: dict[str, str], out: Path) -> float:
+    """Median step (µs, mean over ranks) of train_horovod.py under horovodrun, its own timer."""
+    timing = out / "timing_rank{rank}.json"
+    run([str(BIN / "horovodrun"), "-np", str(args.nproc), "--gloo", "-H", f"localhost:{args.nproc}",
+         sys.executable, "examples/pytorch/train_horovod.py", "--model", args.model, "--steps", str(args.steps),
+         "--warmup", "5", "--timing-out", str(timing), *extra], env={**os.environ, **env})
+    per_rank = [json.loads((out / f"timing_rank{r}.json").read_text())["step_us"] for r in range(args.nproc)]
+    return statistics.median(statistics.mean(v) for v in zip(*per_rank))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="mlp")
@@ -55,6 +69,7 @@ def main() -> None:
     p.add_argument("--job-cap-mb", type=float, default=25.0, help="the job's own bucket_cap_mb")
     p.add_argument("--port", type=int, default=29640)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--horovod", action="store_true", help="also Horovod: defaults, dpro's groups, autotune")
     args = p.parse_args()
 
     from dpro.loader import open_trace
@@ -83,6 +98,27 @@ def main() -> None:
                 out = tmp / f"run{rep}_{i}"
                 out.mkdir()
                 measured[name].append(measure(args.port + 1 + i, args, extra, out))
+        hvd_rows = []
+        if args.horovod:
+            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), "--", str(BIN / "horovodrun"), "-np",
+                 str(args.nproc), "--gloo", "-H", f"localhost:{args.nproc}", sys.executable,
+                 "examples/pytorch/hvd_recorder.py", "--model", args.model])
+            run([str(BIN / "dpro"), "optimize", str(tmp / "hvd_trace"), "-o", str(tmp / "hvd_strategy"), "--budget", "20"])
+            doc = json.loads((tmp / "hvd_strategy" / "strategy.json").read_text())
+            plan = json.loads((tmp / "hvd_strategy" / "horovod.json").read_text())
+            hvd_configs = [("Horovod default", [], {}, doc["baseline_us"]),
+                           ("Horovod + dpro groups", ["--dpro-strategy", str(tmp / "hvd_strategy")], {},
+                            plan["predicted_iteration_us"]),
+                           ("Horovod autotune", [], {"HOROVOD_AUTOTUNE": "1"}, None)]
+            hm: dict[str, list[float]] = {c[0]: [] for c in hvd_configs}
+            for rep in range(args.repeats):
+                for i, (name, extra, env, _) in enumerate(hvd_configs):
+                    out = tmp / f"hvd{rep}_{i}"
+                    out.mkdir()
+                    hm[name].append(measure_horovod(args, extra, env, out))
+            for name, _, _, pred in hvd_configs:
+                hvd_rows.append({"config": name, "predicted_us": pred, "measured_us": statistics.median(hm[name]),
+                                 "runs_us": hm[name], "groups": len(plan["groups"])})
         rows = []
         for name, c, _ in configs:
             pred = iteration_us(m, ddp_strategy(m, c))
@@ -95,7 +131,7 @@ def main() -> None:
         r["predicted_speedup"] = base["predicted_us"] / r["predicted_us"]
         r["measured_speedup"] = base["measured_us"] / r["measured_us"]
     if args.json:
-        print(json.dumps({"model": args.model, "nproc": args.nproc, "rows": rows}, indent=1))
+        print(json.dumps({"model": args.model, "nproc": args.nproc, "rows": rows, "horovod": hvd_rows}, indent=1))
         return
     print(f"model {args.model}, {args.nproc} ranks (gloo, loopback), medians of {args.repeats} runs x {args.steps - 5} steps")
     print(f"{'config':<18}{'cap MiB':>10}{'buckets':>8}{'predicted':>12}{'measured':>12}{'error':>8}{'pred x':>8}{'meas x':>8}")
@@ -103,6 +139,9 @@ def main() -> None:
         cap_s = "default" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:.4g}"
         print(f"{r['config']:<18}{cap_s:>10}{r['buckets']:>8}{r['predicted_us'] / 1e3:>10.1f}ms{r['measured_us'] / 1e3:>10.1f}ms"
               f"{r['error_pct']:>+7.1f}%{r['predicted_speedup']:>8.3f}{r['measured_speedup']:>8.3f}")
+    for r in hvd_rows:
+        pred = "n/a" if r["predicted_us"] is None else f"{r['predicted_us'] / 1e3:.1f}ms"
+        print(f"{r['config']:<26}{'':>10}{pred:>12}{r['measured_us'] / 1e3:>10.1f}ms")
 
 
 if __name__ == "__main__":
