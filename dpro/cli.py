@@ -222,10 +222,10 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     from dpro.loader import open_trace
     from dpro.optimizer.optimize import optimize as run_optimize
     from dpro.optimizer.output import summary_text, write_strategy_dir
-    from dpro.progress import progress_bar
+    from dpro.progress import progress_pulse
 
     gt = open_trace(path, rank_pattern)
-    with progress_bar(1000, "optimizing") as tick:
+    with progress_pulse("optimizing") as tick:
         res = run_optimize(gt, passes=passes, budget_s=budget, align_clocks=not no_align, tick=tick)
     if output is not None:
         write_strategy_dir(res, output, force=force)

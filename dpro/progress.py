@@ -30,3 +30,22 @@ def progress_bar(total: int, description: str, *, enabled: bool | None = None) -
     ) as bar:
         task = bar.add_task(description, total=total, label="")
         yield lambda label: bar.update(task, advance=1, label=label)
+
+
+@contextmanager
+def progress_pulse(description: str, *, enabled: bool | None = None) -> Iterator[Tick]:
+    """Like :func:`progress_bar` for work of unknown length (a pulsing bar with the last label)."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield _noop
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[label]}"),
+        console=Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=None, label="")
+        yield lambda label: bar.update(task, label=label)
