@@ -269,3 +269,12 @@ def test_ddp_strategy_caps():
                     alpha=1)
     assert [len(g) for g in ddp_strategy(m, None).groups] == [2, 2]  # 1 MiB first bucket, then 25 MiB
     assert [len(g) for g in ddp_strategy(m, 25.0).groups] == [4]  # explicit cap: first bucket 25 MiB too
+
+
+def test_parameter_server_traces_are_refused_clearly(tmp_path):
+    from dpro.alignment.synthetic import JobSpec, ps_job
+    from dpro.gtrace.io import write_gtrace
+
+    write_gtrace(ps_job(JobSpec(nodes=4, hosts=["a", "a", "b", "b"], seed=1)), tmp_path / "ps")
+    r = CliRunner().invoke(cli, ["optimize", str(tmp_path / "ps")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "parameter-server" in r.output

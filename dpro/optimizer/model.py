@@ -107,6 +107,9 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
     synchronisation cannot be modelled and the trace is refused.
     """
     where = gt.source or gt.manifest.meta.get("source") or "<trace>"
+    if gt.manifest.scheme == "ps":
+        raise DproInputError(where, "parameter-server traces replay (dpro replay) but cannot be optimized yet: "
+                                    "the optimizer has no calibrated model of server contention")
     if link is None:
         raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
                                     "with its size recorded on every rank of its group")
