@@ -90,16 +90,28 @@ def replay(
     from dpro.replayer.replay import replay as run_replay
     from dpro.replayer.timeline import write_timeline
 
+    from dpro.replayer.memory import peak_memory
+
     gt = open_trace(path, rank_pattern)
     res = run_replay(gt, BuildOptions(expand_collectives=not no_expand), align_clocks=not no_align)
+    memory = peak_memory(gt, res)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
     if as_json:
-        sys.stdout.buffer.write(orjson.dumps(res.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+        out = res.to_json()
+        out["memory"] = {w: m.to_json() for w, m in memory.items()}
+        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
         return
     from dpro.report import print_replay
 
     print_replay(res, path, top=top, timeline=timeline)
+    for w, m in memory.items():
+        if m.source == "allocations":
+            click.echo(f"  {w}: predicted peak memory {m.peak_bytes / 2**20:.1f} MiB at {m.peak_us / 1e3:.1f} ms "
+                       f"({m.peak_op}); static {m.static_bytes / 2**20:.1f} MiB")
+        elif m.static_bytes:
+            click.echo(f"  {w}: parameters + gradients {m.static_bytes / 2**20:.1f} MiB (allocations not recorded: "
+                       "no peak memory estimate)")
 
 
 @cli.command()

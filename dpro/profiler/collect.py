@@ -13,6 +13,7 @@ from dpro.importers.kineto import import_kineto
 from dpro.importers.kineto.read import META_SUFFIX
 from dpro.jsonio import read_json
 from dpro.profiler.horovod import TIMELINE_NAME, apply_horovod_timeline
+from dpro.profiler.torch_memory import attach_allocations
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
             producer=last_bw.get(layer),
             txn=comm.txn if comm is not None else None,
         ))
-    nt.meta = {k: meta[k] for k in ("framework_version", "ddp", "buckets", "steps") if k in meta}
+    nt.meta = {k: meta[k] for k in ("framework_version", "ddp", "buckets", "steps", "memory") if k in meta}
 
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
@@ -126,6 +127,8 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
     for nt in gt.nodes.values():
         if nt.info.rank in metas:
             _enrich(nt, metas[nt.info.rank])
+        if (raw / f"rank{nt.info.rank}.json.gz").is_file():  # allocations -> ops (docs/memory.md)
+            attach_allocations(nt, raw / f"rank{nt.info.rank}.json.gz")
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get("library") or gt.manifest.library)

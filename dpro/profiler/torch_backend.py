@@ -27,6 +27,7 @@ import torch
 from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
+from dpro.profiler.torch_memory import MemoryWatch
 from dpro.profiler.horovod import start_dynamic_timeline
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class TorchBackend:
         self.hooks: list[Any] = []
         self.steps: list[int] = []
         self._hvd: Any = None
+        self.memory = MemoryWatch(model)
         self._install_comm_hook()
 
     # ---------------------------------------------------------------- DDP buckets
@@ -130,7 +132,8 @@ class TorchBackend:
             acts.append(ProfilerActivity.CUDA)
         self._install_layer_hooks()
         self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
-        self.prof = profile(activities=acts, record_shapes=True)
+        self.memory.start()
+        self.prof = profile(activities=acts, record_shapes=True, profile_memory=True)
         self.prof.start()
         self.active = True
 
@@ -145,6 +148,7 @@ class TorchBackend:
 
     def _stop(self) -> None:
         self.active = False
+        self.memory.stop()
         self._remove_layer_hooks()
         if self.prof is not None:
             self.prof.stop()
@@ -192,6 +196,7 @@ class TorchBackend:
             "ddp": type(self.model).__name__ == "DistributedDataParallel",
             "params": params,
             "buckets": [self.buckets[k] for k in sorted(self.buckets)],
+            "memory": self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None
