@@ -278,3 +278,15 @@ def test_parameter_server_traces_are_refused_clearly(tmp_path):
     write_gtrace(ps_job(JobSpec(nodes=4, hosts=["a", "a", "b", "b"], seed=1)), tmp_path / "ps")
     r = CliRunner().invoke(cli, ["optimize", str(tmp_path / "ps")])
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "parameter-server" in r.output
+
+
+def test_symmetry_all_workers_replay_the_same():
+    """The one-worker graph (symmetry) and the graph with every worker give the same time."""
+    from dpro.optimizer.evaluate import build_all_workers
+    from dpro.replayer.engine import simulate
+
+    for world in (2, 4, 16):
+        m = two_grads(alpha=5, b2_dur=1)
+        m.world_size = world
+        for st in (Strategy.from_groups([[0], [1]]), Strategy.from_groups([[0, 1]]), Strategy(((0,), (1,)), (2, 3))):
+            assert simulate(build_all_workers(m, st)).makespan == pytest.approx(iteration_us(m, st)), (world, st)

@@ -140,6 +140,39 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
     return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op)
 
 
+def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:
+    """The same strategy with every worker in the graph (no symmetry): N copies of the
+    worker, and each ring step on rank r also waiting for the previous rank's step (the
+    chunk it receives), as the replayer's global DFG does. With identical workers it
+    replays to the same iteration time as :func:`build` (tested); it exists to measure
+    what the symmetry saves (benchmarks/search_speed.py)."""
+    one = build(model, strategy).graph
+    n, world = one.n, max(1, model.world_size)
+    src, dst = one.edges()
+    is_x = build(model, strategy).kind == KIND_XFER
+    names, dur, cat, dev, prio = [], [], [], [], []
+    devices: list[str] = [f"w{r}/{d}" for r in range(world) for d in one.devices]
+    nd = len(one.devices)
+    for r in range(world):
+        names += [f"w{r}/{x}" for x in one.names]
+        dur.append(one.dur)
+        cat.append(one.cat)
+        dev.append(one.device + r * nd)
+        prio.append(one.prio)
+    s_all, d_all = [], []
+    cross = is_x[dst] | (is_x[src] & ~is_x[dst])  # into a ring step, or from the last step into OUT
+    for r in range(world):
+        s_all.append(src + r * n)
+        d_all.append(dst + r * n)
+        prev = (r - 1) % world
+        s_all.append(src[cross] + prev * n)
+        d_all.append(dst[cross] + r * n)
+    owner = np.repeat(np.arange(world), nd)
+    return compile_graph(names, np.concatenate(dur), np.zeros(n * world), np.concatenate(cat), np.concatenate(dev),
+                         np.concatenate(prio), np.concatenate(s_all), np.concatenate(d_all), devices, owner,
+                         [f"w{r}" for r in range(world)], np.tile(one.device_is_comm, world))
+
+
 def _ancestors(model: JobModel) -> dict[str, int]:
     """Per op, a bit set (over ``model.op_index``) of the op and its ancestors."""
     if model.ancestors is None:
@@ -195,20 +228,26 @@ def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, device
     return BuiltGraph(g, np.array([kind[h] for h in keep]), np.array([group[h] for h in keep]), nops, node_of_op)
 
 
-def iteration_us(model: JobModel, strategy: Strategy, *, coarsen: bool = True) -> float:
+def iteration_us(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> float:
     """Predicted iteration time of ``strategy`` (µs)."""
     return simulate(build(model, strategy, coarsen=coarsen).graph).makespan
 
 
 def sync_time(model: JobModel, nbytes: int, k: int) -> float:
-    """Partial replay: how long synchronising ``nbytes`` in ``k`` pieces takes alone (µs)."""
-    one = JobModel(ops={}, edges=[], units=[], baseline_groups=[], world_size=model.world_size,
-                   scheme=model.scheme, library=model.library, framework=model.framework,
-                   link=model.link, launch_us=model.launch_us, servers=model.servers)
+    """Partial replay: how long synchronising ``nbytes`` in ``k`` pieces takes alone (µs).
+
+    Memoised on the model (the search asks for the same sizes every round)."""
+    key = (int(nbytes), int(k))
+    hit = model.sync_cache.get(key)
+    if hit is not None:
+        return hit
     from dpro.optimizer.model import Unit
 
-    one.units.append(Unit("t", nbytes, [], []))
-    return simulate(build(one, Strategy(((0,),), (k,))).graph).makespan
+    one = JobModel(ops={}, edges=[], units=[Unit("t", nbytes, [], [])], baseline_groups=[],
+                   world_size=model.world_size, scheme=model.scheme, library=model.library,
+                   framework=model.framework, link=model.link, launch_us=model.launch_us, servers=model.servers)
+    t = model.sync_cache[key] = simulate(build(one, Strategy(((0,),), (k,))).graph).makespan
+    return t
 
 
 @dataclass

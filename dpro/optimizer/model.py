@@ -79,6 +79,8 @@ class JobModel:
     notes: list[str] = field(default_factory=list)
     #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
+    #: cache: (bytes, pieces) -> sync time, µs (see evaluate.sync_time)
+    sync_cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     @cached_property
     def op_index(self) -> dict[str, int]:

@@ -3,7 +3,7 @@
 Each round replays the current strategy (:func:`dpro.optimizer.evaluate.analyse`), asks
 every pass for candidates near the critical path (op fusion on computation-bound parts,
 tensor fusion / partition on communication-bound parts, each justified by its theorem),
-tries them by decreasing estimated gain on the coarsened graph, and keeps the first that
+tries them by decreasing estimated gain, and keeps the first that
 makes the iteration faster. It stops when no candidate helps (converged) or the time
 budget is spent. The search runs from the job's own grouping and from no fusion at all
 (the paper's starting point) and keeps the faster result; it is deterministic.
@@ -54,9 +54,9 @@ class SearchResult:
 
 
 def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass], deadline: float,
-             max_tries: int, tick: Tick) -> SearchResult:
+             max_tries: int, tick: Tick, coarsen: bool) -> SearchResult:
     t0 = time.perf_counter()
-    st, cur = start, iteration_us(model, start)
+    st, cur = start, iteration_us(model, start, coarsen=coarsen)
     res = SearchResult(name, st, cur, evaluations=1)
     seen = {st.key()}
     by_name = {p.name: p for p in passes}
@@ -72,7 +72,7 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
             if nxt.key() in seen:
                 continue
             seen.add(nxt.key())
-            t = iteration_us(model, nxt)
+            t = iteration_us(model, nxt, coarsen=coarsen)
             res.evaluations += 1
             if t < cur - max(MIN_GAIN_US, MIN_GAIN_FRACTION * cur):
                 res.steps.append(Step(c.pass_name, c.reason, cur, t))
@@ -87,8 +87,11 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
 
 
 def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, max_tries: int = 8,
-           tick: Tick = _noop) -> list[SearchResult]:
-    """Run Algorithm 1 from the job's grouping and from no fusion; fastest result first."""
+           tick: Tick = _noop, coarsen: bool = False) -> list[SearchResult]:
+    """Run Algorithm 1 from the job's grouping and from no fusion; fastest result first.
+
+    ``coarsen=True`` replays candidates on the coarsened view (benchmarks/search_speed.py: it
+    does not pay on a ResNet-50-sized job, whose graph is mostly ring steps)."""
     starts = [
         ("job's own grouping", Strategy.from_groups(model.baseline_groups)),
         ("no fusion", Strategy.from_groups([[i] for i in range(len(model.units))])),
@@ -98,6 +101,7 @@ def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, 
     for i, (name, st) in enumerate(starts):
         # split what is left of the budget among the remaining starts
         left = deadline_total - time.perf_counter()
-        out.append(_descend(model, st, name, passes, time.perf_counter() + left / (len(starts) - i), max_tries, tick))
+        out.append(_descend(model, st, name, passes, time.perf_counter() + left / (len(starts) - i), max_tries, tick,
+                            coarsen))
     out.sort(key=lambda r: r.iteration_us)
     return out
