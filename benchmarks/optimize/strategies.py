@@ -12,7 +12,12 @@
    the defaults, with dpro's ``horovod.json`` (groups + fusion threshold) and with
    ``HOROVOD_AUTOTUNE=1`` (measured only: autotuning has no fixed strategy to predict).
 
-    python benchmarks/optimizer_strategies.py --model mlp --repeats 3 [--horovod]
+With ``--cap-mbit R`` (root; DDP only) every rank runs in its own network namespace with
+a ``tbf`` cap of R Mbit/s per direction on its link (benchmarks/fidelity/netns.py), so
+communication matters more; the profile is then taken with the recorder's environment
+set on each rank and collected like `dpro profile` does.
+
+    python benchmarks/optimize/strategies.py --model mlp --repeats 3 [--horovod] [--cap-mbit 1000]
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "benchmarks" / "fidelity"))
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -39,12 +45,28 @@ def torchrun(port: int, nproc: int, script: str, args: list[str]) -> list[str]:
             "--master_port", str(port), script, *args]
 
 
-def measure(port: int, args: argparse.Namespace, extra: list[str], out: Path) -> float:
+def launch(net, port: int, nproc: int, script: str, args: list[str], env: dict[str, str] | None = None,
+           log_dir: Path | None = None) -> None:
+    """All ranks of ``script``: torchrun on loopback, or one process per namespace."""
+    if net is None:
+        run(torchrun(port, nproc, script, args), env={**os.environ, **(env or {})})
+        return
+    from run import run_processes
+
+    extra = [f"{k}={v}" for k, v in (env or {}).items()]
+    cmds = [net.exec_prefix(r) + ["env", *net.env_assignments(r, port), *extra, sys.executable, script, *args]
+            for r in range(nproc)]
+    err = run_processes(cmds, log_dir or Path(tempfile.mkdtemp()), 600, lambda _: None)
+    if err:
+        raise RuntimeError(err)
+
+
+def measure(port: int, args: argparse.Namespace, extra: list[str], out: Path, net=None) -> float:
     """Median step (µs) over ranks' mean, by train_ddp.py's own timer."""
     timing = out / "timing_rank{rank}.json"
-    run(torchrun(port, args.nproc, "examples/pytorch/train_ddp.py",
-                 ["--model", args.model, "--steps", str(args.steps), "--warmup", "5",
-                  "--timing-out", str(timing), *extra]))
+    launch(net, port, args.nproc, "examples/pytorch/train_ddp.py",
+           ["--model", args.model, "--steps", str(args.steps), "--warmup", "5", "--timing-out", str(timing), *extra],
+           log_dir=out / "logs")
     per_rank = [json.loads((out / f"timing_rank{r}.json").read_text())["step_us"] for r in range(args.nproc)]
     steps = [statistics.mean(v) for v in zip(*per_rank)]
     return statistics.median(steps)
@@ -70,17 +92,36 @@ def main() -> None:
     p.add_argument("--port", type=int, default=29640)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--horovod", action="store_true", help="also Horovod: defaults, dpro's groups, autotune")
+    p.add_argument("--cap-mbit", type=float, default=None, help="per-rank bandwidth cap (network namespaces, root)")
     args = p.parse_args()
 
     from dpro.loader import open_trace
     from dpro.optimizer.evaluate import iteration_us
     from dpro.optimizer.optimize import ddp_strategy, optimize
 
-    with tempfile.TemporaryDirectory(prefix="dpro-optbench-") as tmp:
+    import contextlib
+
+    net_ctx = contextlib.nullcontext(None)
+    if args.cap_mbit:
+        if args.horovod:
+            p.error("--horovod runs on loopback only")
+        from netns import NetnsCluster
+
+        net_ctx = NetnsCluster(args.nproc, rate_mbit=args.cap_mbit)
+    with tempfile.TemporaryDirectory(prefix="dpro-optbench-") as tmp, net_ctx as net:
         tmp = Path(tmp)
-        run([str(BIN / "dpro"), "profile", "-o", str(tmp / "trace"), "--", *torchrun(
-            args.port, args.nproc, "examples/pytorch/ddp_recorder.py",
-            ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb)])])
+        rec_args = ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb)]
+        if net is None:
+            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "trace"), "--",
+                 *torchrun(args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args)])
+        else:  # what `dpro profile` does, with one process per namespace
+            from dpro.gtrace.io import write_gtrace
+            from dpro.profiler.collect import collect
+
+            raw = tmp / "raw"
+            launch(net, args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args,
+                   env={"DPRO_TRACE_DIR": str(raw), "DPRO_WARMUP": "5", "DPRO_STEPS": "5"}, log_dir=tmp / "logs")
+            write_gtrace(collect(raw), tmp / "trace")
         run([str(BIN / "dpro"), "optimize", str(tmp / "trace"), "-o", str(tmp / "strategy"), "--budget", "20"])
         cap = json.loads((tmp / "strategy" / "ddp.json").read_text())["bucket_cap_mb"]
         res = optimize(open_trace(tmp / "trace"), budget_s=20)
@@ -97,7 +138,7 @@ def main() -> None:
             for i, (name, _, extra) in enumerate(configs):
                 out = tmp / f"run{rep}_{i}"
                 out.mkdir()
-                measured[name].append(measure(args.port + 1 + i, args, extra, out))
+                measured[name].append(measure(args.port + 1 + i, args, extra, out, net))
         hvd_rows = []
         if args.horovod:
             run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), "--", str(BIN / "horovodrun"), "-np",
@@ -131,9 +172,11 @@ def main() -> None:
         r["predicted_speedup"] = base["predicted_us"] / r["predicted_us"]
         r["measured_speedup"] = base["measured_us"] / r["measured_us"]
     if args.json:
-        print(json.dumps({"model": args.model, "nproc": args.nproc, "rows": rows, "horovod": hvd_rows}, indent=1))
+        print(json.dumps({"model": args.model, "nproc": args.nproc, "cap_mbit": args.cap_mbit, "rows": rows,
+                          "horovod": hvd_rows}, indent=1))
         return
-    print(f"model {args.model}, {args.nproc} ranks (gloo, loopback), medians of {args.repeats} runs x {args.steps - 5} steps")
+    where = "loopback" if not args.cap_mbit else f"netns, {args.cap_mbit:g} Mbit/s per rank"
+    print(f"model {args.model}, {args.nproc} ranks (gloo, {where}), medians of {args.repeats} runs x {args.steps - 5} steps")
     print(f"{'config':<18}{'cap MiB':>10}{'buckets':>8}{'predicted':>12}{'measured':>12}{'error':>8}{'pred x':>8}{'meas x':>8}")
     for r in rows:
         cap_s = "default" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:.4g}"
