@@ -161,11 +161,14 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
         consumers = [s for s in succs[c.id] if s in ops]
         tens = tensors_by_txn.get(c.txn or "", [])
         members = []
-        if tens and all(t.producer in ops for t in tens):
+        if tens:
+            # A gradient whose producing op is unknown (a parameter used outside any leaf
+            # module, e.g. through a functional call) is taken as ready when its bucket was.
             order = {p: i for i, p in enumerate(_bucket_params(rep, c.tensor))}
             for t in sorted(tens, key=lambda t: order.get(t.name, len(order))):
                 members.append(len(units))
-                units.append(Unit(t.name, t.bytes, [t.producer], list(consumers), [t.name]))
+                units.append(Unit(t.name, t.bytes, [t.producer] if t.producer in ops else list(ready),
+                                  list(consumers), [t.name]))
         else:
             members.append(len(units))
             units.append(Unit(c.tensor or c.id, c.bytes, ready, consumers))
