@@ -298,6 +298,27 @@ def start_dynamic_timeline(module: str, out_dir: Path) -> Any | None:
     return hvd
 
 
+def stop_dynamic_timeline(hvd: Any | None) -> None:
+    """Stop what :func:`start_dynamic_timeline` started (None: nothing to stop)."""
+    if hvd is None:
+        return
+    try:
+        hvd.stop_timeline()
+    except Exception as e:  # noqa: BLE001 - profiling must never break training
+        log.warning("dpro: cannot stop Horovod's timeline: %s", e)
+
+
+def keep_steps(gt: GTrace, steps: list[int]) -> None:
+    """Drop every profiled step not in ``steps`` (manifest, events, step windows)."""
+    keep = set(steps)
+    if keep == set(gt.manifest.steps):
+        return
+    gt.manifest.steps = [s for s in gt.manifest.steps if s in keep]
+    for nt in gt.nodes.values():
+        nt.events = [e for e in nt.events if e.step in keep]
+        nt.steps = {s: v for s, v in nt.steps.items() if s in keep}
+
+
 def groups_meta(plan: "_Plan", excess: dict[int, float]) -> tuple[dict[str, list[dict]], list[dict]]:
     """What each profiled step's fusion groups were, and the atoms: for ``meta.horovod``."""
     per_step = {
@@ -591,13 +612,7 @@ def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict
     ref = nodes[0]
     plan = plan_atoms(gt, tl, ref, off[ref.info.rank], _grad_names(metas))
     notes = list(plan.notes)
-    # keep only the usable steps
-    keep = set(plan.steps)
-    if keep != set(gt.manifest.steps):
-        gt.manifest.steps = [s for s in gt.manifest.steps if s in keep]
-        for nt in gt.nodes.values():
-            nt.events = [e for e in nt.events if e.step in keep]
-            nt.steps = {s: v for s, v in nt.steps.items() if s in keep}
+    keep_steps(gt, plan.steps)  # only the usable steps
     prod = {nt.info.rank: _producers(nt, plan, off[nt.info.rank], raw[nt.info.rank], notes) for nt in nodes}
     world = max(gt.manifest.world_size, len(nodes))
     excess, (alpha, beta) = excess_times(plan, world)

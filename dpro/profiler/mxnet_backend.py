@@ -270,7 +270,10 @@ def run_ps_node() -> None:
     here the role is hidden during the import and the loop is started with a controller
     that wraps the optimizer's updater (the same commands as MXNet's own controller).
     """
-    import pickle  # MXNet's own server protocol: the optimizer is sent pickled by the workers
+    # MXNet's own server protocol: the workers send the optimizer pickled, and MXNet's
+    # KVStoreServer unpickles it the same way. This is the live job's control channel, not
+    # trace input (dpro never unpickles anything it reads from a trace).
+    import pickle
 
     role = os.environ.get("DMLC_ROLE", "")
     if role not in ("server", "scheduler"):

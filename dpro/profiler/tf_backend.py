@@ -41,7 +41,7 @@ from typing import Any
 
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
-from dpro.profiler.horovod import start_dynamic_timeline
+from dpro.profiler.horovod import start_dynamic_timeline, stop_dynamic_timeline
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +141,8 @@ class TFBackend:
         if self.active:
             self.active = False
             self.tf.profiler.experimental.stop()
-        if self._hvd is not None:
-            try:
-                self._hvd.stop_timeline()
-            except Exception as e:  # noqa: BLE001
-                log.warning("dpro: cannot stop Horovod's timeline: %s", e)
-            self._hvd = None
+        stop_dynamic_timeline(self._hvd)
+        self._hvd = None
 
     def abort(self) -> None:
         try:

@@ -488,12 +488,7 @@ def _apply_horovod(gt: GTrace, ranks: dict[int, _Rank], built: dict[int, tuple],
         gt.notes.append(f"horovod timeline not used: {timeline.name}: {e}")
         return
     notes = list(plan.notes)
-    keep = set(plan.steps)
-    if keep != set(gt.manifest.steps):
-        gt.manifest.steps = [s for s in gt.manifest.steps if s in keep]
-        for nt in gt.nodes.values():
-            nt.events = [e for e in nt.events if e.step in keep]
-            nt.steps = {s: v for s, v in nt.steps.items() if s in keep}
+    hvdlib.keep_steps(gt, plan.steps)
     prod: dict[int, dict[str, str]] = {}
     for nt in nodes:
         r = nt.info.rank

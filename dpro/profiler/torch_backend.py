@@ -28,7 +28,7 @@ from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
 from dpro.profiler.torch_memory import MemoryWatch
-from dpro.profiler.horovod import start_dynamic_timeline
+from dpro.profiler.horovod import start_dynamic_timeline, stop_dynamic_timeline
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,8 @@ class TorchBackend:
         self._remove_layer_hooks()
         if self.prof is not None:
             self.prof.stop()
-        if self._hvd is not None:
-            try:
-                self._hvd.stop_timeline()
-            except Exception as e:  # noqa: BLE001
-                log.warning("dpro: cannot stop Horovod's timeline: %s", e)
-            self._hvd = None
+        stop_dynamic_timeline(self._hvd)
+        self._hvd = None
 
     def abort(self) -> None:
         try:
