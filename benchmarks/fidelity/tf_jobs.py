@@ -1,0 +1,83 @@
+"""Fidelity on real TensorFlow 2 + Horovod (gloo) jobs, ground truth from separate runs.
+
+For each job (model x workers): one run under `dpro profile` (replayed by `dpro replay
+--json`) and ``--truth`` runs of the same script with the recorder off (``DPRO_DISABLE=1``),
+interleaved, timed by the script itself (examples/tensorflow/hvd_recorder.py: wall clock per
+step). Measured = median over runs of the per-run median step after the warm-up (mean over
+workers). Separate runs, not the steps after the window of the profiled run: on this VM
+the machine's speed drifts within a run (docs/fidelity.md).
+
+    .venv/bin/python benchmarks/fidelity/tf_jobs.py [--truth 2] [--jobs convnet-2w] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from ps_jobs import run
+
+REPO = Path(__file__).resolve().parents[2]
+TF = REPO / ".venv-tf" / "bin"
+JOBS = [(m, w) for m in ("convnet", "transformer") for w in (2, 4)]
+WARMUP, STEPS, TOTAL = 5, 5, 20
+
+
+def job_cmd(m: str, w: int, timing: Path) -> list[str]:
+    return [str(TF / "horovodrun"), "-np", str(w), "--gloo", "-H", f"localhost:{w}", str(TF / "python"),
+            "examples/tensorflow/hvd_recorder.py", "--model", m, "--steps", str(TOTAL), "--timing-out", str(timing)]
+
+
+def measured_us(prefix: Path) -> float:
+    per = [json.loads(p.read_text())["step_us"][WARMUP:] for p in sorted(prefix.parent.glob(prefix.name + ".*.json"))]
+    return statistics.median(statistics.mean(v) for v in zip(*per))
+
+
+def one(m: str, w: int, truth: int, tmp: Path) -> dict:
+    d = tmp / f"{m}-{w}w"
+    d.mkdir()
+    run([str(TF / "dpro"), "profile", "-o", str(d / "trace"), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
+         *job_cmd(m, w, d / "prof")])
+    rep = json.loads(run([str(TF / "dpro"), "replay", str(d / "trace"), "--json"]).stdout)
+    truths = []
+    for i in range(truth):
+        run(job_cmd(m, w, d / f"truth{i}"), env={**os.environ, "DPRO_DISABLE": "1"})
+        truths.append(measured_us(d / f"truth{i}"))
+    meas = statistics.median(truths)
+    pred, trace = rep["predicted_iteration_us"], rep["measured_iteration_us"]
+    return {"job": f"{m}-{w}w", "predicted_us": pred, "trace_us": trace, "measured_us": meas,
+            "error_pct": 100 * (pred - meas) / meas, "vs_trace_pct": 100 * (pred - trace) / trace,
+            "overhead_pct": 100 * (trace - meas) / meas, "truth_runs_us": truths}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--truth", type=int, default=2, help="unprofiled runs per job")
+    ap.add_argument("--jobs", default=None, help="comma-separated job names, e.g. convnet-2w (default: all)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    want = set(a.jobs.split(",")) if a.jobs else None
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dpro-tffid-") as tmp:
+        for m, w in JOBS:
+            if want and f"{m}-{w}w" not in want:
+                continue
+            rows.append(one(m, w, a.truth, Path(tmp)))
+            if not a.json:
+                r = rows[-1]
+                print(f"{r['job']:<14} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
+                      f"predicted {r['predicted_us'] / 1e3:7.2f} ms  error {r['error_pct']:+6.1f}%  "
+                      f"vs trace {r['vs_trace_pct']:+6.1f}%  overhead {r['overhead_pct']:+6.1f}%", flush=True)
+    med = statistics.median(abs(r["error_pct"]) for r in rows)
+    if a.json:
+        print(json.dumps({"rows": rows, "median_abs_error_pct": med}, indent=1))
+    else:
+        print(f"median |error| vs measured {med:.1f}%")
+
+
+if __name__ == "__main__":
+    main()
