@@ -1,13 +1,13 @@
 """Fidelity on real TensorFlow 2 + Horovod (gloo) jobs, ground truth from separate runs.
 
-For each job (model x workers): one run under `dpro profile` (replayed by `dpro replay
---json`) and ``--truth`` runs of the same script with the recorder off (``DPRO_DISABLE=1``),
-interleaved, timed by the script itself (examples/tensorflow/hvd_recorder.py: wall clock per
+For each job (model x workers): ``--profiled`` runs under `dpro profile` (each replayed by
+`dpro replay --json`; medians) and ``--truth`` runs of the same script with the recorder off
+(``DPRO_DISABLE=1``), interleaved, timed by the script itself (examples/tensorflow/hvd_recorder.py: wall clock per
 step). Measured = median over runs of the per-run median step after the warm-up (mean over
 workers). Separate runs, not the steps after the window of the profiled run: on this VM
 the machine's speed drifts within a run (docs/fidelity.md).
 
-    .venv/bin/python benchmarks/fidelity/tf_jobs.py [--truth 2] [--jobs convnet-2w] [--json]
+    .venv/bin/python benchmarks/fidelity/tf_jobs.py [--truth 3] [--profiled 3] [--jobs convnet-2w] [--json]
 """
 
 from __future__ import annotations
@@ -37,26 +37,31 @@ def measured_us(prefix: Path) -> float:
     return statistics.median(statistics.mean(v) for v in zip(*per))
 
 
-def one(m: str, w: int, truth: int, tmp: Path) -> dict:
+def one(m: str, w: int, truth: int, profiled: int, tmp: Path) -> dict:
     d = tmp / f"{m}-{w}w"
     d.mkdir()
-    run([str(TF / "dpro"), "profile", "-o", str(d / "trace"), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
-         *job_cmd(m, w, d / "prof")])
-    rep = json.loads(run([str(TF / "dpro"), "replay", str(d / "trace"), "--json"]).stdout)
-    truths = []
-    for i in range(truth):
-        run(job_cmd(m, w, d / f"truth{i}"), env={**os.environ, "DPRO_DISABLE": "1"})
-        truths.append(measured_us(d / f"truth{i}"))
-    meas = statistics.median(truths)
-    pred, trace = rep["predicted_iteration_us"], rep["measured_iteration_us"]
+    preds, traces, truths = [], [], []
+    for i in range(max(truth, profiled)):
+        if i < profiled:
+            run([str(TF / "dpro"), "profile", "-o", str(d / f"trace{i}"), "--warmup", str(WARMUP), "--steps",
+                 str(STEPS), "--", *job_cmd(m, w, d / f"prof{i}")])
+            rep = json.loads(run([str(TF / "dpro"), "replay", str(d / f"trace{i}"), "--json"]).stdout)
+            preds.append(rep["predicted_iteration_us"])
+            traces.append(rep["measured_iteration_us"])
+        if i < truth:
+            run(job_cmd(m, w, d / f"truth{i}"), env={**os.environ, "DPRO_DISABLE": "1"})
+            truths.append(measured_us(d / f"truth{i}"))
+    meas, pred, trace = statistics.median(truths), statistics.median(preds), statistics.median(traces)
     return {"job": f"{m}-{w}w", "predicted_us": pred, "trace_us": trace, "measured_us": meas,
             "error_pct": 100 * (pred - meas) / meas, "vs_trace_pct": 100 * (pred - trace) / trace,
-            "overhead_pct": 100 * (trace - meas) / meas, "truth_runs_us": truths}
+            "overhead_pct": 100 * (trace - meas) / meas, "truth_runs_us": truths, "trace_runs_us": traces,
+            "predicted_runs_us": preds}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--truth", type=int, default=2, help="unprofiled runs per job")
+    ap.add_argument("--profiled", type=int, default=1, help="profiled runs per job")
     ap.add_argument("--jobs", default=None, help="comma-separated job names, e.g. convnet-2w (default: all)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -66,7 +71,7 @@ def main() -> None:
         for m, w in JOBS:
             if want and f"{m}-{w}w" not in want:
                 continue
-            rows.append(one(m, w, a.truth, Path(tmp)))
+            rows.append(one(m, w, a.truth, a.profiled, Path(tmp)))
             if not a.json:
                 r = rows[-1]
                 print(f"{r['job']:<14} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
