@@ -48,6 +48,13 @@ def measured_us(timing: Path, skip: int) -> float:
     return statistics.median(statistics.mean(v) for v in zip(*per))
 
 
+def fidelity_row(job: str, pred: float, trace: float, meas: float, **extra: object) -> dict:
+    """One table row: predicted vs measured (unprofiled) and vs the trace, profiling overhead."""
+    return {"job": job, "predicted_us": pred, "trace_us": trace, "measured_us": meas,
+            "error_pct": 100 * (pred - meas) / meas, "vs_trace_pct": 100 * (pred - trace) / trace,
+            "overhead_pct": 100 * (trace - meas) / meas, **extra}
+
+
 def one(m: str, w: int, s: int, truth: int, tmp: Path) -> dict:
     d = tmp / name(m, w, s)
     run([str(MX / "dpro"), "profile", "-o", str(d / "trace"), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
@@ -59,9 +66,7 @@ def one(m: str, w: int, s: int, truth: int, tmp: Path) -> dict:
         truths.append(measured_us(d / f"timing_{i}", WARMUP))
     meas = statistics.median(truths)
     pred, trace = rep["predicted_iteration_us"], rep["measured_iteration_us"]
-    return {"job": name(m, w, s), "predicted_us": pred, "trace_us": trace, "measured_us": meas,
-            "error_pct": 100 * (pred - meas) / meas, "vs_trace_pct": 100 * (pred - trace) / trace,
-            "overhead_pct": 100 * (trace - meas) / meas, "truth_runs_us": truths}
+    return fidelity_row(name(m, w, s), pred, trace, meas, truth_runs_us=truths)
 
 
 def main() -> None:

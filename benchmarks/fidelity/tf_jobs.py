@@ -19,7 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ps_jobs import run
+from ps_jobs import fidelity_row, run
 
 REPO = Path(__file__).resolve().parents[2]
 TF = REPO / ".venv-tf" / "bin"
@@ -52,10 +52,8 @@ def one(m: str, w: int, truth: int, profiled: int, tmp: Path) -> dict:
             run(job_cmd(m, w, d / f"truth{i}"), env={**os.environ, "DPRO_DISABLE": "1"})
             truths.append(measured_us(d / f"truth{i}"))
     meas, pred, trace = statistics.median(truths), statistics.median(preds), statistics.median(traces)
-    return {"job": f"{m}-{w}w", "predicted_us": pred, "trace_us": trace, "measured_us": meas,
-            "error_pct": 100 * (pred - meas) / meas, "vs_trace_pct": 100 * (pred - trace) / trace,
-            "overhead_pct": 100 * (trace - meas) / meas, "truth_runs_us": truths, "trace_runs_us": traces,
-            "predicted_runs_us": preds}
+    return fidelity_row(f"{m}-{w}w", pred, trace, meas, truth_runs_us=truths, trace_runs_us=traces,
+                        predicted_runs_us=preds)
 
 
 def main() -> None:

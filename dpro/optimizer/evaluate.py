@@ -146,10 +146,10 @@ def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:
     chunk it receives), as the replayer's global DFG does. With identical workers it
     replays to the same iteration time as :func:`build` (tested); it exists to measure
     what the symmetry saves (benchmarks/search_speed.py)."""
-    one = build(model, strategy).graph
+    built = build(model, strategy)
+    one, is_x = built.graph, built.kind == KIND_XFER
     n, world = one.n, max(1, model.world_size)
     src, dst = one.edges()
-    is_x = build(model, strategy).kind == KIND_XFER
     names, dur, cat, dev, prio = [], [], [], [], []
     devices: list[str] = [f"w{r}/{d}" for r in range(world) for d in one.devices]
     nd = len(one.devices)
@@ -258,10 +258,6 @@ class Analysis:
     schedule: Schedule
     critical: list[int]
     slack: np.ndarray
-
-    @property
-    def iteration_us(self) -> float:
-        return self.schedule.makespan
 
 
 def analyse(model: JobModel, strategy: Strategy) -> Analysis:

@@ -74,8 +74,6 @@ class JobModel:
     launch_us: float = 0.0
     servers: int = 0
     measured_us: float | None = None
-    #: gradient tensors as (name, bytes) in parameter registration order, when recorded
-    params: list[tuple[str, int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
@@ -181,7 +179,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
         world_size=max(gt.manifest.world_size, len(workers)), scheme=gt.manifest.scheme,
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
-        params=[(t.name, t.bytes) for t in rep.tensors], notes=notes,
+        notes=notes,
     )
 
 

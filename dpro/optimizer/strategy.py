@@ -39,15 +39,6 @@ class Strategy:
         parts = self.partitions[:i] + (max(self.partitions[i], self.partitions[i + 1]),) + self.partitions[i + 2:]
         return replace(self, groups=merged, partitions=parts)
 
-    def merge_units(self, a: int, b: int) -> "Strategy":
-        """The groups holding units a and b, and every group between them, as one."""
-        ga, gb = self.group_of(a), self.group_of(b)
-        lo, hi = min(ga, gb), max(ga, gb)
-        s = self
-        for _ in range(hi - lo):
-            s = s.merge_groups(lo)
-        return s
-
     def with_partition(self, i: int, k: int) -> "Strategy":
         return replace(self, partitions=self.partitions[:i] + (k,) + self.partitions[i + 1:])
 
