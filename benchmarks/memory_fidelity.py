@@ -24,6 +24,7 @@ runs forward, backward (DDP all-reduces the buckets) and the optimizer step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -130,6 +131,11 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rss0 = _rss_bytes()
     model, make_batch, loss_fn, bs = _build(args.model)
+    if args.checkpoint:
+        from dpro.optimizer.apply import checkpoint_modules
+
+        checkpoint_modules(model, args.checkpoint.split(","))
+    k = args.accum
     ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)
     opt = _optimizer(args.optimizer, ddp.parameters())
     prof = None
@@ -145,10 +151,29 @@ def worker(args: argparse.Namespace) -> None:
     def train_one_step(i: int) -> float:
         x, y = make_batch(bs)
         opt.zero_grad(set_to_none=args.set_to_none)
-        loss = loss_fn(ddp(x), y)
-        loss.backward()
+        if k == 1:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
+                loss = loss_fn(ddp(x), y)
+            loss.backward()
+        else:  # gradient accumulation: k micro-batches, DDP synchronises the last one only
+            for j, (xj, yj) in enumerate(zip(x.split(bs // k), y.split(bs // k))):
+                with ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
+                    loss = loss_fn(ddp(xj), yj) / k
+                    loss.backward()
         opt.step()
         return float(loss)
+
+    if args.time:
+        times = []
+        for i in range(args.steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            train_one_step(i)
+            times.append((time.perf_counter() - t0) * 1e6)
+        Path(args.time).mkdir(parents=True, exist_ok=True)
+        Path(args.time, f"rank{dist.get_rank()}.json").write_text(json.dumps({"step_us": times[WARMUP:]}))
+        dist.destroy_process_group()
+        return
 
     if args.truth:
         for i in range(args.steps):
@@ -239,6 +264,10 @@ def main() -> None:
     ap.add_argument("--keep-grads", dest="set_to_none", action="store_false", help=argparse.SUPPRESS)
     ap.add_argument("--bucket-view", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--truth", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--time", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--accum", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)

@@ -23,7 +23,22 @@ _rank_opt = click.option(
 
 def _fail(err: Exception) -> None:
     click.echo(f"dpro: error: {err}", err=True)
-    sys.exit(2)
+    sys.exit(getattr(err, "exit_code", 2))
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_size(text: str, option: str) -> int:
+    """Bytes from ``8GiB``, ``500MB``, ``1.5g``, ``123456`` (k/m/g alone: binary units)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _SIZE_UNITS or float(m.group(1)) <= 0:
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 8GiB, 500MB, 123456 bytes)", param_hint=option)
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
 class _Group(click.Group):
@@ -200,9 +215,13 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
               help="Import MODULE and use the passes it marks with @dpro.passes.register (repeatable).")
 @click.option("--list-passes", is_flag=True, help="List the available passes and exit.")
 @click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
+@click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
+              help="Peak memory per worker to fit first (e.g. 8GiB, 500MB, 123456): recomputation and "
+                   "gradient accumulation are searched when the job does not fit.")
 @_rank_opt
 def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool, budget: float, pass_names: str | None,
-             modules: tuple[str, ...], list_passes: bool, no_align: bool, rank_pattern: str) -> None:
+             modules: tuple[str, ...], list_passes: bool, no_align: bool, memory_budget: str | None,
+             rank_pattern: str) -> None:
     """Search a faster strategy for the job traced in PATH and say how to apply it.
 
     \b
@@ -213,11 +232,19 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     Horovod fusion, fuse everything, no fusion), and with -o writes the settings
     the libraries take: ddp.json (bucket_cap_mb), horovod.json/.env (groups,
     fusion threshold), byteps.env, compile.json (layers to compile).
+
+    \b
+    With --memory-budget the job is first made to fit: the predicted peak memory
+    is checked and, if over, every combination of the memory passes
+    (recomputation of model blocks, gradient accumulation) is replayed and the
+    fastest that fits is kept (memory.json says what to checkpoint and how many
+    micro-batches to run).
     """
     from dpro.passes.registry import default_registry
 
     if budget <= 0:
         raise click.BadParameter("must be positive", param_hint="--budget")
+    mem_bytes = parse_size(memory_budget, "--memory-budget") if memory_budget is not None else None
     reg = default_registry(list(modules))
     if list_passes:
         for p in reg:
@@ -227,6 +254,7 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
         raise click.UsageError("Missing argument 'PATH'.")
     names = [n.strip() for n in pass_names.split(",") if n.strip()] if pass_names else None
     passes = reg.select(names) if names else [p for p in reg if p.kind == "throughput"]
+    mem_passes = [p for p in passes if p.kind == "memory"] if names else [p for p in reg if p.kind == "memory"]
     if output is not None:
         from dpro.jsonio import check_writable_dir
 
@@ -238,7 +266,8 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
 
     gt = open_trace(path, rank_pattern)
     with progress_pulse("optimizing") as tick:
-        res = run_optimize(gt, passes=passes, budget_s=budget, align_clocks=not no_align, tick=tick)
+        res = run_optimize(gt, passes=passes, budget_s=budget, align_clocks=not no_align, memory_budget=mem_bytes,
+                           memory_passes=mem_passes, tick=tick)
     if output is not None:
         write_strategy_dir(res, output, force=force)
     if as_json:

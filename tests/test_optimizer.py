@@ -182,7 +182,8 @@ def test_user_pass_module_and_registry(tmp_path, monkeypatch):
     (p,) = passes_in_module("my_dpro_passes")
     assert p.name == "fuse_all"
     reg = default_registry(["my_dpro_passes"], use_entry_points=False)
-    assert reg.names() == ["tensor_fusion", "op_fusion", "tensor_partition", "fuse_all"]
+    assert reg.names() == ["tensor_fusion", "op_fusion", "tensor_partition", "recomputation", "grad_accumulation",
+                           "fuse_all"]
     m = two_grads(alpha=5, b2_dur=1)
     res = search(m, [p], budget_s=5)[0]
     assert res.strategy.groups == ((0, 1),) and res.steps[0].pass_name == "fuse_all"

@@ -7,11 +7,17 @@
     os.environ.update(horovod_env("strategy/")); hvd.init()        # fusion threshold, cycle
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    groups=horovod_groups("strategy/", model.named_parameters()))
+    mem = memory_settings("strategy/")                               # memory.json
+    checkpoint_modules(model, mem.checkpoint_modules)                # recomputation
+    for j, (x, y) in enumerate(split_batch((x, y), mem.accumulation_steps)):  # accumulation
+        with ddp.no_sync() if j < mem.accumulation_steps - 1 else contextlib.nullcontext():
+            (loss_fn(ddp(x), y) / mem.accumulation_steps).backward()
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +70,58 @@ def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]
     if unknown:
         raise DproInputError(Path(path), f"horovod.json names parameters the model does not have: {', '.join(unknown[:5])}")
     return [[params[n] for n in g] for g in groups if g]
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    checkpoint_modules: tuple[str, ...] = ()
+    accumulation_steps: int = 1
+
+
+def memory_settings(path: str | Path) -> MemorySettings:
+    """Modules to checkpoint and micro-batches per step from ``memory.json`` (none if absent)."""
+    p = Path(path)
+    if p.is_dir() and not (p / "memory.json").exists():
+        return MemorySettings()
+    d = _load(path, "memory.json")
+    mods, k = d.get("checkpoint_modules", []), d.get("accumulation_steps", 1)
+    if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+        raise DproInputError(Path(path), "memory.json: 'checkpoint_modules' must be a list of module names")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise DproInputError(Path(path), "memory.json: 'accumulation_steps' must be a positive integer")
+    return MemorySettings(tuple(mods), k)
+
+
+def checkpoint_modules(model: Any, names: Sequence[str]) -> None:
+    """Recompute each named submodule's forward in backward (``torch.utils.checkpoint``,
+    non-reentrant, so it works under DDP). ``model``: the module the names are relative
+    to (the inner model, not the DDP wrapper)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    for name in names:
+        try:
+            mod = model.get_submodule(name)
+        except AttributeError:
+            raise DproInputError(None, f"memory.json: the model has no module {name!r}") from None
+        mod.forward = functools.partial(checkpoint, mod.forward, use_reentrant=False)
+
+
+def split_batch(batch: Sequence[Any], k: int) -> list[tuple[Any, ...]]:
+    """``k`` micro-batches of a batch of tensors (split along the first dimension, which must divide by k)."""
+    n = batch[0].shape[0]
+    if k < 1 or n % k:
+        raise ValueError(f"a batch of {n} cannot be split into {k} equal micro-batches")
+    return list(zip(*(t.split(n // k) for t in batch)))
+
+
+def autocast_enabled(path: str | Path) -> bool:
+    """Whether the strategy runs forward and loss under ``torch.autocast`` (``amp.json``)."""
+    p = Path(path)
+    if p.is_dir() and not (p / "amp.json").exists():
+        return False
+    v = _load(path, "amp.json").get("autocast", False)
+    if not isinstance(v, bool):
+        raise DproInputError(Path(path), "amp.json: 'autocast' must be true or false")
+    return v

@@ -32,6 +32,12 @@ from dpro.replayer.engine import Schedule, simulate
 
 KIND_COMP, KIND_IN, KIND_XFER, KIND_OUT = 0, 1, 2, 3
 
+#: categories of the ops a micro-batch runs (gradient accumulation repeats them)
+MICRO = ("FW", "BW")
+#: name of a recomputed block's node, and of a copy of an op in an earlier micro-batch
+RECOMPUTE_PREFIX = "recompute:"
+MB_SEP = "@mb"
+
 
 @dataclass
 class BuiltGraph:
@@ -89,19 +95,44 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
         return len(names) - 1
 
     node_of_op: dict[str, int] = {}
+    mb = max(1, strategy.accum)
+
+    def comp_dur(ops: tuple[str, ...], d: float) -> float:
+        # a micro-batch of 1/k of the batch: the ops' own time scales, the host gaps do not
+        if mb == 1 or model.ops[ops[0]].cat not in MICRO:
+            return d
+        gap = model.ops[ops[0]].gap
+        return gap + (d - gap) / mb
+
     for f in strategy.fusions:
         first = model.ops[f.ops[0]]
-        i = node("+".join(f.ops), f.dur, first.cat, first.device, first.prio, KIND_COMP, -1, f.ops)
+        i = node("+".join(f.ops), comp_dur(f.ops, f.dur), first.cat, first.device, first.prio, KIND_COMP, -1, f.ops)
         for o in f.ops:
             node_of_op[o] = i
+    scale = {sc.op: sc.time for sc in strategy.scales}
     for op in model.ops.values():
         if op.id not in node_of_op:
-            node_of_op[op.id] = node(op.id, op.dur + op.gap, op.cat, op.device, op.prio, KIND_COMP, -1, (op.id,))
-    for a, b in model.edges:
-        ia, ib = node_of_op[a], node_of_op[b]
-        if ia != ib:
-            src.append(ia)
-            dst.append(ib)
+            own = op.dur * scale.get(op.id, 1.0)
+            node_of_op[op.id] = node(op.id, comp_dur((op.id,), own + op.gap), op.cat, op.device, op.prio,
+                                     KIND_COMP, -1, (op.id,))
+    comp_edges = {(node_of_op[a], node_of_op[b]) for a, b in model.edges if node_of_op[a] != node_of_op[b]}
+    for name in strategy.recompute:
+        comp_edges |= _recompute_node(model, name, node_of_op, comp_edges, mb, node)
+    if mb > 1:
+        def clone(i: int, j: int, shift: float) -> int:
+            names.append(f"{names[i]}{MB_SEP}{j}")
+            for lst in (dur, cat, device, kind, group):
+                lst.append(lst[i])
+            prio.append(prio[i] - shift)
+            opsof.append(tuple(f"{o}{MB_SEP}{j}" for o in opsof[i]))
+            return len(names) - 1
+
+        in_mb = micro_ops(model)
+        micro = [i for i, ops in enumerate(opsof) if ops[0].startswith(RECOMPUTE_PREFIX) or ops[0] in in_mb]
+        comp_edges |= _micro_batches(micro, mb, comp_edges, max(prio) - min(prio) + 1.0, clone)
+    for a, b in sorted(comp_edges):
+        src.append(a)
+        dst.append(b)
 
     anc = _ancestors(model)
     reach = 0  # ops that must end before some group launched so far can launch
@@ -138,6 +169,67 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
         return _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm)
     g = compile_graph(names, dur, np.zeros(len(names)), cat, device, prio, src, dst, devices, owner, ["worker"], is_comm)
     return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op)
+
+
+def micro_ops(model: JobModel) -> frozenset[str]:
+    """The ops each micro-batch runs: every computation op (updates excepted) from the
+    step's first forward op to its last backward op."""
+    fb = [o.prio for o in model.ops.values() if o.cat in MICRO]
+    if not fb:
+        return frozenset()
+    lo, hi = min(fb), max(fb)
+    return frozenset(o.id for o in model.ops.values() if lo <= o.prio <= hi and o.cat != "UPDATE")
+
+
+def _recompute_node(model: JobModel, name: str, node_of_op: dict[str, int], edges: set[tuple[int, int]], k: int,
+                    node) -> set[tuple[int, int]]:
+    """Add the node that reruns block ``name``'s forward before its backward; its edges.
+
+    It waits for what the block's first backward op waits for and every backward op of
+    the block waits for it (acyclic: that op is the earliest of the block's backward)."""
+    from dpro.optimizer.blocks import block
+
+    b = block(model, name)
+    if not b.fw or not b.bw:
+        return set()
+    fw = model.ops[b.fw[0]]
+    d = sum(model.ops[o].gap + model.ops[o].dur / k for o in b.fw)
+    first_bw = model.ops[b.bw[0]]
+    r = node(RECOMPUTE_PREFIX + name, d, "BW", fw.device, first_bw.prio - 1e-3, KIND_COMP, -1, (RECOMPUTE_PREFIX + name,))
+    bw_nodes = {node_of_op[o] for o in b.bw}
+    head = node_of_op[b.bw[0]]
+    out = {(a, r) for a, c in edges if c == head and a not in bw_nodes}
+    out |= {(r, c) for c in bw_nodes}
+    return out
+
+
+def _micro_batches(micro: list[int], k: int, edges: set[tuple[int, int]], span: float, clone) -> set[tuple[int, int]]:
+    """Gradient accumulation: copies of the forward/backward nodes ``micro`` for micro-batches 1..k-1.
+
+    The existing nodes are the last micro-batch (its backward launches the
+    synchronisation); copy j runs before copy j+1: its last nodes feed the next copy's
+    first ones. What precedes the forward (the batch, zero_grad) precedes copy 1; what
+    follows the backward (the update) follows the last micro-batch only.
+    ``clone(i, j, shift)`` adds a copy of node i for micro-batch j, ``shift`` earlier."""
+    mset = set(micro)
+    inner = [(a, b) for a, b in edges if a in mset and b in mset]
+    has_in = {b for _, b in inner}
+    has_out = {a for a, _ in inner}
+    sources = [i for i in micro if i not in has_in]
+    sinks = [i for i in micro if i not in has_out]
+    out: set[tuple[int, int]] = set()
+    prev: dict[int, int] | None = None
+    for j in range(1, k):
+        cp = {i: clone(i, j, (k - j) * span) for i in micro}
+        out |= {(cp[a], cp[b]) for a, b in inner}
+        if prev is None:
+            out |= {(a, cp[b]) for a, b in edges if b in mset and a not in mset}
+        else:
+            out |= {(prev[a], cp[b]) for a in sinks for b in sources}
+        prev = cp
+    if prev is not None:
+        out |= {(prev[a], b) for a in sinks for b in sources}
+    return out
 
 
 def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:

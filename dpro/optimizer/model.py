@@ -75,6 +75,8 @@ class JobModel:
     servers: int = 0
     measured_us: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
+    memory: dict | None = None
     #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
     #: cache: (bytes, pieces) -> sync time, µs (see evaluate.sync_time)
@@ -179,7 +181,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
         world_size=max(gt.manifest.world_size, len(workers)), scheme=gt.manifest.scheme,
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
-        notes=notes,
+        notes=notes, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
     )
 
 

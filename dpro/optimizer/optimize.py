@@ -12,6 +12,7 @@ from dpro.graph.global_dfg import BuildOptions
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
 from dpro.optimizer.evaluate import analyse, iteration_us
+from dpro.optimizer.memory_search import MemoryFit, evaluate_memory, fit_memory
 from dpro.optimizer.model import JobModel, job_model
 from dpro.optimizer.search import SearchResult, search
 from dpro.optimizer.strategy import Strategy
@@ -44,6 +45,11 @@ class OptimizeResult:
     critical_after: list[dict] = field(default_factory=list)
     time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: the memory step (with ``--memory-budget``)
+    memory: MemoryFit | None = None
+    #: predicted peak memory of the representative worker: as profiled, with the best strategy
+    peak_before_bytes: int | None = None
+    peak_after_bytes: int | None = None
 
     @property
     def best(self) -> SearchResult:
@@ -70,6 +76,8 @@ class OptimizeResult:
             "critical_path_after": self.critical_after,
             "model": {"units": len(m.units), "ops": len(m.ops), "world_size": m.world_size, "scheme": m.scheme,
                       "library": m.library, "link_alpha_us": m.link.alpha, "link_beta_us_per_byte": m.link.beta},
+            "memory": {"peak_before_bytes": self.peak_before_bytes, "peak_after_bytes": self.peak_after_bytes,
+                       **(self.memory.to_json() if self.memory is not None else {})},
             "time_s": self.time_s,
             "notes": self.notes,
         }
@@ -120,8 +128,9 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
     """Express ``best`` in the settings of the libraries that can run it."""
     out: list[Realized] = []
     sizes = [u.bytes for u in model.units]
-    # Library settings change the synchronisation only: op fusion is applied (and predicted) apart.
-    best = Strategy(best.groups, best.partitions)
+    # Library settings change the synchronisation only: op fusion is applied (and predicted) apart;
+    # the memory settings (recomputation, accumulation) stay.
+    best = Strategy(best.groups, best.partitions, recompute=best.recompute, accum=best.accum)
     if model.framework == "pytorch" and all(u.params for u in model.units):
         # DDP takes a size cap, not explicit groups: try the caps that give distinct bucketings.
         total = sum(sizes)
@@ -133,7 +142,7 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
             if key in seen:
                 continue
             seen.add(key)
-            st = Strategy(tuple(tuple(g) for g in groups), (1,) * len(groups))
+            st = Strategy(tuple(tuple(g) for g in groups), (1,) * len(groups), recompute=best.recompute, accum=best.accum)
             t = iteration_us(model, st)
             if best_r is None or t < best_r.iteration_us * (1 - 1e-3):
                 best_r = Realized("pytorch-ddp", {"bucket_cap_mb": cap / lib.MiB, "bucket_cap_bytes": cap,
@@ -153,8 +162,14 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
 
 
 def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
-             budget_s: float = 30.0, align_clocks: bool = True, tick: Tick = _noop) -> OptimizeResult:
-    """Search a faster strategy for the profiled job ``gt``."""
+             budget_s: float = 30.0, align_clocks: bool = True, memory_budget: int | None = None,
+             memory_passes: list[GraphPass] | None = None, tick: Tick = _noop) -> OptimizeResult:
+    """Search a faster strategy for the profiled job ``gt``.
+
+    With ``memory_budget`` (bytes) the job is first made to fit (Algorithm 1, step 1:
+    :func:`dpro.optimizer.memory_search.fit_memory` with ``memory_passes``, default every
+    ``kind = "memory"`` pass); the throughput search keeps those memory settings.
+    Raises :class:`~dpro.optimizer.memory_search.CannotFit` when nothing fits."""
     from dpro.replayer.replay import replay
 
     t0 = time.perf_counter()
@@ -166,14 +181,27 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
             gt = apply_offsets(gt, al.offsets_us)
     r = replay(gt, BuildOptions(), align_clocks=False)
     model = job_model(gt, r.build.link_cost, r.steps)
+    reg = default_registry()
     if passes is None:
-        reg = default_registry()
         passes = reg.select(pass_names) if pass_names else [p for p in reg if p.kind == "throughput"]
-    base = {name: iteration_us(model, st) for name, st in baselines(model).items()}
-    results = search(model, passes, budget_s=budget_s, tick=tick)
-    best = results[0]
+    passes = [p for p in passes if p.kind != "memory"]
     start = Strategy.from_groups(model.baseline_groups)
+    fit = None
+    if memory_budget is not None:
+        mem_passes = memory_passes if memory_passes is not None else [p for p in reg if p.kind == "memory"]
+        fit = fit_memory(model, int(memory_budget), mem_passes, start, tick=tick)
+    mem = fit.chosen.strategy if fit is not None else start
+    base = {name: iteration_us(model, st) for name, st in baselines(model).items()}
+    results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem)
+    best = results[0]
     notes = list(model.notes)
+    peak_before = peak_after = None
+    if model.memory is not None:
+        peak_before = evaluate_memory(model, start).peak_bytes
+        peak_after = evaluate_memory(model, best.strategy).peak_bytes
+        if fit is not None and peak_after > fit.budget_bytes:
+            notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
+                         "strategy without them")
     gap = 100.0 * (base["job as profiled"] - r.predicted_iteration_us) / r.predicted_iteration_us
     if abs(gap) > 2.0:
         notes.append(f"the optimizer's one-worker model differs from the full replay by {gap:+.1f}% on the job as profiled")
@@ -181,5 +209,6 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         model=model, replay_us=r.predicted_iteration_us, measured_us=r.measured_iteration_us, baselines=base,
         results=results, realized=realize(model, best.strategy),
         critical_before=_critical(model, start), critical_after=_critical(model, best.strategy),
-        time_s=time.perf_counter() - t0, notes=notes,
+        time_s=time.perf_counter() - t0, notes=notes, memory=fit, peak_before_bytes=peak_before,
+        peak_after_bytes=peak_after,
     )

@@ -7,6 +7,8 @@
 ``DIR/horovod.env``      the same as environment variables
 ``DIR/byteps.env``       BytePS: ``BYTEPS_PARTITION_BYTES`` (parameter-server jobs)
 ``DIR/compile.json``     op fusion: the fused ops and the layers to compile (torch.compile / XLA)
+``DIR/memory.json``      memory: modules to checkpoint, micro-batches per step, predicted peak
+``DIR/amp.json``         mixed precision: run forward and loss under autocast (when chosen)
 
 How to apply each: docs/optimizer.md.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpro.jsonio import check_writable_dir, dump_json, write_dir_atomically
+from dpro.optimizer.memory_search import fmt_bytes
 from dpro.optimizer.optimize import OptimizeResult
 
 
@@ -36,6 +39,7 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
     ]
     for name, t in sorted(res.baselines.items(), key=lambda kv: kv[1]):
         lines.append(f"  {name:<40} {_ms(t):>12}  {res.baseline_us / t:.3f}x")
+    lines += _memory_lines(res)
     lines += ["", f"changes ({len(b.steps)}, largest first):"]
     for s in sorted(b.steps, key=lambda s: s.after_us - s.before_us)[:top]:
         lines.append(f"  [{s.pass_name}] -{(s.before_us - s.after_us) / 1e3:.2f} ms: {s.reason}")
@@ -61,6 +65,13 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
             lines.append(f"  BytePS: BYTEPS_PARTITION_BYTES={r.settings['BYTEPS_PARTITION_BYTES']}  -> {_ms(r.iteration_us)} predicted")
     if st.fusions:
         lines.append("  op fusion: compile the layers listed in compile.json (torch.compile / XLA jit_compile)")
+    if st.recompute:
+        lines.append(f"  recomputation: torch.utils.checkpoint on {', '.join(st.recompute)} (memory.json)")
+    if _amp(res):
+        lines.append("  mixed precision: forward and loss under torch.autocast(device, dtype=torch.bfloat16) (amp.json)")
+    if st.accum > 1:
+        lines.append(f"  gradient accumulation: {st.accum} micro-batches per step, DDP no_sync() on the first "
+                     f"{st.accum - 1} (the batch must divide by {st.accum}; memory.json)")
     for label, rows in (("critical path before", res.critical_before), ("critical path after", res.critical_after)):
         lines += ["", f"{label} (longest {min(top, len(rows))}):"]
         for r in rows[:top]:
@@ -68,6 +79,26 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
     if res.notes:
         lines += [""] + [f"note: {n}" for n in res.notes]
     return "\n".join(lines) + "\n"
+
+
+def _amp(res: OptimizeResult) -> bool:
+    return any(s.pass_name == "mixed_precision" for s in res.best.steps)
+
+
+def _memory_lines(res: OptimizeResult) -> list[str]:
+    if res.peak_before_bytes is None:
+        return []
+    out = ["", f"predicted peak memory (one worker): {fmt_bytes(res.peak_before_bytes)} as profiled, "
+               f"{fmt_bytes(res.peak_after_bytes or 0)} with the best strategy"]
+    fit = res.memory
+    if fit is not None:
+        if fit.chosen is fit.before:
+            out.append(f"  fits the budget of {fmt_bytes(fit.budget_bytes)} as profiled: no memory change")
+        else:
+            c = fit.chosen
+            out.append(f"  budget {fmt_bytes(fit.budget_bytes)}: {'; '.join(c.changes)} -> peak {fmt_bytes(c.peak_bytes)}, "
+                       f"{_ms(c.iteration_us)} ({len(fit.tried)} combinations of the memory passes replayed)")
+    return out
 
 
 def strategy_files(res: OptimizeResult) -> dict[str, object]:
@@ -83,6 +114,16 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
         elif r.library == "byteps":
             files["byteps.env"] = f"BYTEPS_PARTITION_BYTES={r.settings['BYTEPS_PARTITION_BYTES']}\n"
     st = res.best.strategy
+    if res.memory is not None or st.recompute or st.accum > 1:
+        files["memory.json"] = {
+            "checkpoint_modules": list(st.recompute), "accumulation_steps": st.accum,
+            "predicted_peak_bytes": res.peak_after_bytes, "peak_as_profiled_bytes": res.peak_before_bytes,
+            "budget_bytes": res.memory.budget_bytes if res.memory is not None else None,
+            "predicted_iteration_us": res.best.iteration_us,
+        }
+    if _amp(res):
+        files["amp.json"] = {"autocast": True, "dtype": "bfloat16", "ops": len(st.scales),
+                             "predicted_iteration_us": res.best.iteration_us}
     if st.fusions:
         m = res.model
         layers = sorted({m.ops[o].layer for f in st.fusions for o in f.ops if m.ops[o].layer})

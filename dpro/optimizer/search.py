@@ -87,8 +87,11 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
 
 
 def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, max_tries: int = 8,
-           tick: Tick = _noop, coarsen: bool = False) -> list[SearchResult]:
+           tick: Tick = _noop, coarsen: bool = False, memory: Strategy | None = None) -> list[SearchResult]:
     """Run Algorithm 1 from the job's grouping and from no fusion; fastest result first.
+
+    ``memory``: a strategy whose memory settings (recomputation, accumulation) every
+    start keeps (the memory step's choice).
 
     ``coarsen=True`` replays candidates on the coarsened view (benchmarks/search_speed.py: it
     does not pay on a ResNet-50-sized job, whose graph is mostly ring steps)."""
@@ -96,6 +99,8 @@ def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, 
         ("job's own grouping", Strategy.from_groups(model.baseline_groups)),
         ("no fusion", Strategy.from_groups([[i] for i in range(len(model.units))])),
     ]
+    if memory is not None:
+        starts = [(n, st.with_memory(memory.recompute, memory.accum)) for n, st in starts]
     deadline_total = time.perf_counter() + budget_s
     out = []
     for i, (name, st) in enumerate(starts):

@@ -1,4 +1,5 @@
-"""A strategy: how gradient units are grouped and partitioned, which ops are fused.
+"""A strategy: how gradient units are grouped and partitioned, which ops are fused, which
+blocks are recomputed and how many micro-batches a step accumulates.
 
 Immutable, so the search can keep many candidates around; every change returns a new one.
 """
@@ -19,6 +20,16 @@ class FusedOp:
 
 
 @dataclass(frozen=True, slots=True)
+class OpScale:
+    """Op ``op`` runs with its own time × ``time``; the blocks it keeps for later ops × ``bytes``
+    (e.g. mixed precision: a faster kernel with a half-size output)."""
+
+    op: str
+    time: float = 1.0
+    bytes: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Strategy:
     #: unit indices per synchronisation group, in launch order (tensor fusion)
     groups: tuple[tuple[int, ...], ...]
@@ -26,6 +37,12 @@ class Strategy:
     partitions: tuple[int, ...]
     #: fused computation ops (op fusion)
     fusions: tuple[FusedOp, ...] = ()
+    #: modules whose forward is recomputed in backward (activation checkpointing), by name
+    recompute: tuple[str, ...] = ()
+    #: micro-batches per step (gradient accumulation; 1 = none)
+    accum: int = 1
+    #: per-op changes of own time and kept bytes (mixed precision, a user's faster kernel)
+    scales: tuple[OpScale, ...] = ()
 
     @staticmethod
     def from_groups(groups: list[list[int]] | tuple[tuple[int, ...], ...]) -> "Strategy":
@@ -47,6 +64,22 @@ class Strategy:
         rest = tuple(f for f in self.fusions if not set(f.ops) & set(chain))
         return replace(self, fusions=rest + (FusedOp(tuple(chain), dur),))
 
+    def with_memory(self, recompute: tuple[str, ...] | None = None, accum: int | None = None) -> "Strategy":
+        """The same strategy with other memory settings (None: keep)."""
+        return replace(self, recompute=self.recompute if recompute is None else tuple(recompute),
+                       accum=self.accum if accum is None else int(accum))
+
+    def with_scales(self, scales: tuple[OpScale, ...]) -> "Strategy":
+        """The same strategy with ``scales`` added (a later scale of an op replaces an earlier one)."""
+        new = {sc.op for sc in scales}
+        return replace(self, scales=tuple(sc for sc in self.scales if sc.op not in new) + tuple(scales))
+
+    def scale_of(self, op: str) -> OpScale | None:
+        for sc in self.scales:
+            if sc.op == op:
+                return sc
+        return None
+
     def fusion_of(self, op: str) -> FusedOp | None:
         for f in self.fusions:
             if op in f.ops:
@@ -63,7 +96,8 @@ class Strategy:
         return sum(model.units[u].bytes for u in self.groups[i])
 
     def key(self) -> tuple:
-        return (self.groups, self.partitions, tuple(sorted(f.ops for f in self.fusions)))
+        return (self.groups, self.partitions, tuple(sorted(f.ops for f in self.fusions)), self.recompute, self.accum,
+                tuple(sorted((sc.op, sc.time, sc.bytes) for sc in self.scales)))
 
     def to_json(self, model: JobModel) -> dict:
         return {
@@ -72,4 +106,7 @@ class Strategy:
                 for i, g in enumerate(self.groups)
             ],
             "op_fusion": [{"ops": list(f.ops), "dur_us": f.dur} for f in self.fusions],
+            "recompute": list(self.recompute),
+            "accumulation_steps": self.accum,
+            "op_scale": [{"op": sc.op, "time": sc.time, "bytes": sc.bytes} for sc in self.scales],
         }

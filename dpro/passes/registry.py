@@ -50,19 +50,21 @@ class PassRegistry:
 
 
 def builtin_passes() -> list[GraphPass]:
+    from dpro.passes.grad_accumulation import GradientAccumulation
     from dpro.passes.op_fusion import OpFusion
+    from dpro.passes.recomputation import Recomputation
     from dpro.passes.tensor_fusion import TensorFusion
     from dpro.passes.tensor_partition import TensorPartition
 
-    return [TensorFusion(), OpFusion(), TensorPartition()]
+    return [TensorFusion(), OpFusion(), TensorPartition(), Recomputation(), GradientAccumulation()]
 
 
 def passes_in_module(module: str) -> list[GraphPass]:
     """Instances of every class marked with ``@dpro.passes.register`` in ``module``."""
     try:
         mod = importlib.import_module(module)
-    except ImportError as e:
-        raise DproInputError(module, f"cannot import the pass module: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any failure of a user's module is reported in one line
+        raise DproInputError(module, f"cannot import the pass module: {type(e).__name__}: {e}") from None
     found = [cls() for _, cls in inspect.getmembers(mod, inspect.isclass)
              if getattr(cls, MARK, False) and cls.__module__ == mod.__name__]
     if not found:

@@ -4,7 +4,7 @@ What one rank writes into the output directory at the end of the window:
 
 * ``rank<r>.json.gz`` — the torch.profiler Chrome trace of the window (CPU, and CUDA when
   the model is on a GPU), shapes recorded, each profiled call wrapped in a
-  ``ProfilerStep#<i>`` annotation and each leaf module's forward in ``dpro.layer::<path>``;
+  ``ProfilerStep#<i>`` annotation and each module's forward in ``dpro.layer::<path>``;
 * ``rank<r>.meta.json`` — parameters (name, shape, dtype, bytes), DDP buckets (index,
   parameter names, bytes), optimizer-independent facts (versions, host, world size).
 
@@ -113,8 +113,11 @@ class TorchBackend:
             if stack:
                 stack.pop().__exit__(None, None, None)
 
+        # Every module but the model itself: an op belongs to the innermost one that ran it
+        # (ops in a container's own forward, e.g. a residual add or a functional attention,
+        # belong to the container; recomputation checkpoints containers).
         for name, mod in self.inner.named_modules():
-            if name and not any(True for _ in mod.children()):
+            if name:
                 self.hooks.append(mod.register_forward_pre_hook(lambda m, a, n=name: pre(m, a, n)))
                 self.hooks.append(mod.register_forward_hook(post))
 

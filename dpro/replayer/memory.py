@@ -171,9 +171,20 @@ def _replayed_times(name: str, rr: "ReplayResult") -> dict[str, tuple[float, flo
 def estimate_node(nt: NodeTrace, times: dict[str, tuple[float, float]]) -> MemoryEstimate:
     """The memory estimate of one node, its ops placed at ``times`` (op -> (start, end) µs)."""
     mem = nt.meta.get(META_KEY) if isinstance(nt.meta, dict) else None
+    return estimate_record(nt.info.name, mem, times, {k: o.cat for k, o in nt.ops.items()},
+                           fallback_static=_static_from_tensors(nt))
+
+
+def estimate_record(worker: str, mem: dict | None, times: dict[str, tuple[float, float]], cat: dict[str, str],
+                    fallback_static: dict[str, int] | None = None) -> MemoryEstimate:
+    """The memory estimate from a memory record (``meta["memory"]``, schema in docs/memory.md).
+
+    ``times``: op -> (start, end) µs; ``cat``: op -> category (for :attr:`MemoryEstimate.at_peak`);
+    ``fallback_static``: the static bytes to use when ``mem`` has none.
+    """
     notes: list[str] = []
     if not isinstance(mem, dict) or not isinstance(mem.get("static"), dict):
-        static = _static_from_tensors(nt)
+        static = dict(fallback_static or {})
         notes.append("no memory record from dpro's recorder: parameters and gradients only")
         mem = {}
     else:
@@ -200,10 +211,10 @@ def estimate_node(nt: NodeTrace, times: dict[str, tuple[float, float]]) -> Memor
     timeline, peak, peak_t, peak_op = live_timeline(base, ops)
     at_peak: dict[str, int] = {}
     if ops_mem is not None:
-        at_peak = live_at(peak_t, mem.get("lifetimes") or [], times, {k: o.cat for k, o in nt.ops.items()})
+        at_peak = live_at(peak_t, mem.get("lifetimes") or [], times, cat)
         at_peak["running"] = peak - static_bytes - sum(at_peak.values())
     return MemoryEstimate(
-        worker=nt.info.name, peak_bytes=peak, peak_us=peak_t, peak_op=peak_op, base_bytes=base,
+        worker=worker, peak_bytes=peak, peak_us=peak_t, peak_op=peak_op, base_bytes=base,
         static_bytes=static_bytes, static=static, carry_in_bytes=carry, timeline=timeline,
         source="allocations" if ops_mem is not None else "static", notes=notes, at_peak=at_peak,
     )

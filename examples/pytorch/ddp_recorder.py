@@ -9,6 +9,7 @@ The two dpro lines are marked below; everything else is a plain DDP training loo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -30,16 +31,22 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--crash-at", type=int, default=None, help="raise in this step (to test failures)")
-    p.add_argument("--dpro-strategy", default=None, help="a `dpro optimize -o` directory: use its ddp.json")
+    p.add_argument("--dpro-strategy", default=None,
+                   help="a `dpro optimize -o` directory: use its ddp.json, memory.json, amp.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     model, make_batch, loss_fn = build(args.model)
     ddp_args = {"bucket_cap_mb": args.bucket_cap_mb}
+    micro, amp = 1, False
     if args.dpro_strategy:
-        from dpro.optimizer.apply import ddp_kwargs
+        from dpro.optimizer.apply import autocast_enabled, checkpoint_modules, ddp_kwargs, memory_settings
 
         ddp_args = ddp_kwargs(args.dpro_strategy)
+        mem = memory_settings(args.dpro_strategy)
+        checkpoint_modules(model, mem.checkpoint_modules)  # recomputation
+        micro = mem.accumulation_steps  # gradient accumulation
+        amp = autocast_enabled(args.dpro_strategy)  # mixed precision
     ddp = DDP(model, **ddp_args)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     batch = make_batch(args.batch_size or DEFAULT_BATCH_SIZE[args.model])
@@ -51,10 +58,16 @@ def main() -> None:
         if args.crash_at == i:
             raise RuntimeError(f"crash requested at step {i}")
         opt.zero_grad()
-        loss = loss_fn(ddp(batch[0]), batch[1])
-        loss.backward()
+        total = 0.0
+        for j, (x, y) in enumerate(zip(batch[0].split(len(batch[0]) // micro), batch[1].split(len(batch[1]) // micro))):
+            # the first micro-1 micro-batches accumulate locally; the last one synchronises
+            with ddp.no_sync() if j < micro - 1 else contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                    loss = loss_fn(ddp(x), y) / micro
+                loss.backward()
+            total += float(loss)
         opt.step()
-        return float(loss)
+        return total
 
     t0 = time.perf_counter()
     for i in range(args.steps):

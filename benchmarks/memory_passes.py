@@ -1,0 +1,148 @@
+"""Recomputation, gradient accumulation and mixed precision on real 2-rank DDP (gloo) jobs:
+predicted vs measured.
+
+    python benchmarks/memory_passes.py                 # every case
+    python benchmarks/memory_passes.py --cases transformer-recompute --json out.json
+
+For each case:
+
+1. the job **as it is** runs under ``dpro profile``; from that trace dpro predicts the
+   iteration time and peak memory of the job **with the change** (recomputation of the
+   named blocks / k micro-batches / bf16 autocast) —
+   :func:`dpro.optimizer.memory_search.evaluate_memory`, the numbers ``dpro optimize
+   --memory-budget`` decides with;
+2. the job **with the change applied for real** (``torch.utils.checkpoint`` on the blocks /
+   ``no_sync()`` accumulation, as ``dpro.optimizer.apply`` does / forward and loss under
+   ``torch.autocast("cpu", dtype=torch.bfloat16)``) runs twice without dpro:
+   once under torch.profiler with ``profile_memory=True`` (the measured peak, rebuilt
+   from the allocator's events as in benchmarks/memory_fidelity.py), once timed with
+   ``perf_counter`` around each step (median over ranks and steps);
+3. the unchanged job is timed the same way, for the predicted and measured ratios
+   (``--repeats`` runs of each, interleaved; medians).
+
+The profiled run pays the profiler's overhead, so its predicted times are compared in
+absolute terms and as the ratio changed / unchanged (which cancels the overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).absolute().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import memory_fidelity as mf  # noqa: E402
+
+TIMED_STEPS = 12
+
+#: case -> (memory_fidelity config, blocks to recompute, micro-batches, bf16 autocast)
+CASES: dict[str, tuple[str, tuple[str, ...], int, bool]] = {
+    "transformer-recompute": ("transformer-adamw", ("encoder.layers.0", "encoder.layers.1", "encoder.layers.2"), 1, False),
+    "transformer-accum2": ("transformer-adamw", (), 2, False),
+    "mlp-accum2": ("mlp-sgdm", (), 2, False),
+    "convnet-accum2": ("convnet-adam", (), 2, False),
+    "mlp-amp": ("mlp-sgdm", (), 1, True),
+    "convnet-amp": ("convnet-adam", (), 1, True),
+}
+
+
+def _run(cmd: list[str], what: str) -> None:
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if r.returncode:
+        raise SystemExit(f"{what} failed:\n{r.stderr[-3000:]}")
+
+
+def _change_args(recompute: tuple[str, ...], k: int, amp: bool) -> list[str]:
+    return [*(["--checkpoint", ",".join(recompute)] if recompute else []), "--accum", str(k), *(["--amp"] if amp else [])]
+
+
+def _timed(config: str, extra: list[str], out: Path) -> float:
+    model, opt, set_to_none, view = mf.CONFIGS[config]
+    _run(mf._job(["--time", str(out), "--steps", str(mf.WARMUP + TIMED_STEPS), *extra], model, opt, set_to_none, view),
+         f"timing run {extra}")
+    steps = [t for f in sorted(out.glob("rank*.json")) for t in json.loads(f.read_text())["step_us"]]
+    return statistics.median(steps)
+
+
+def run_case(name: str, work: Path, repeats: int = 3) -> dict:
+    from dpro.graph.global_dfg import BuildOptions
+    from dpro.gtrace.io import load_gtrace
+    from dpro.optimizer.memory_search import evaluate_memory
+    from dpro.optimizer.model import job_model
+    from dpro.optimizer.strategy import Strategy
+    from dpro.replayer.replay import replay
+
+    config, recompute, k, amp = CASES[name]
+    model, opt, set_to_none, view = mf.CONFIGS[config]
+    d = work / name
+    traces = d / "traces"
+    _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(mf.WARMUP), "--steps",
+          str(mf.STEPS), "--force", "--", *mf._job([], model, opt, set_to_none, view)], "dpro profile")
+    gt = load_gtrace(traces)
+    rr = replay(gt, BuildOptions())
+    jm = job_model(gt, rr.build.link_cost, rr.steps)
+    base = Strategy.from_groups(jm.baseline_groups)
+    p0 = evaluate_memory(jm, base)
+    changed = base.with_memory(recompute, k)
+    if amp:
+        from dpro.passes.base import PassContext
+        from dpro.passes.mixed_precision import MixedPrecision
+
+        changed = changed.with_scales(MixedPrecision().scales(PassContext(jm, changed, None)))  # type: ignore[arg-type]
+    p1 = evaluate_memory(jm, changed)
+    change = _change_args(recompute, k, amp)
+    _run(mf._job(["--truth", str(d / "truth"), *change], model, opt, set_to_none, view), "measurement run")
+    meas_peak = max(max(json.loads(f.read_text())["peaks"].values()) for f in (d / "truth").glob("rank*.json"))
+    # interleaved, so that a slow spell of the machine hits both alike; medians over rounds
+    tb, tc = [], []
+    for i in range(repeats):
+        tb.append(_timed(config, [], d / f"time-base{i}"))
+        tc.append(_timed(config, change, d / f"time-change{i}"))
+    t_base, t_change = statistics.median(tb), statistics.median(tc)
+    return {
+        "case": name, "recompute": list(recompute), "accumulation_steps": k, "amp": amp,
+        "predicted_peak_bytes": p1.peak_bytes, "measured_peak_bytes": meas_peak,
+        "peak_error_pct": 100.0 * (p1.peak_bytes - meas_peak) / meas_peak,
+        "predicted_peak_unchanged_bytes": p0.peak_bytes,
+        "predicted_us": p1.iteration_us, "measured_us": t_change,
+        "time_error_pct": 100.0 * (p1.iteration_us - t_change) / t_change,
+        "predicted_unchanged_us": p0.iteration_us, "measured_unchanged_us": t_base,
+        "predicted_ratio": p1.iteration_us / p0.iteration_us, "measured_ratio": t_change / t_base,
+        "ratio_error_pct": 100.0 * ((p1.iteration_us / p0.iteration_us) / (t_change / t_base) - 1.0),
+        "measured_unchanged_runs_us": tb, "measured_runs_us": tc,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each of unchanged / changed (interleaved)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--work", type=Path, default=None, help="keep traces here (default: a temporary dir)")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dpro-mempass-") as tmp:
+        work = args.work or Path(tmp)
+        print(f"{'case':<24} {'pred MB':>8} {'meas MB':>8} {'err %':>6} | {'pred ms':>8} {'meas ms':>8} {'err %':>6} | "
+              f"{'pred x':>6} {'meas x':>6} {'err %':>6} | {'unchanged MB':>12}")
+        for name in args.cases:
+            t0 = time.perf_counter()
+            r = run_case(name, work, args.repeats)
+            rows.append(r)
+            print(f"{name:<24} {r['predicted_peak_bytes'] / 1e6:>8.2f} {r['measured_peak_bytes'] / 1e6:>8.2f} "
+                  f"{r['peak_error_pct']:>6.2f} | {r['predicted_us'] / 1e3:>8.2f} {r['measured_us'] / 1e3:>8.2f} "
+                  f"{r['time_error_pct']:>6.1f} | {r['predicted_ratio']:>6.3f} {r['measured_ratio']:>6.3f} "
+                  f"{r['ratio_error_pct']:>6.1f} | {r['predicted_peak_unchanged_bytes'] / 1e6:>12.2f}", flush=True)
+            print(f"  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Mixed precision (autocast), written as a user pass: load it with
+``dpro optimize --load-pass dpro.passes.mixed_precision`` (it changes the numerics, so it
+is never searched unless asked for).
+
+Model: under ``torch.autocast`` the matmul-like ops (linear/addmm/mm/bmm, convolution,
+scaled-dot-product attention) and their backward ops run in the low precision: their own
+time is multiplied by the class's factor (forward and backward apart), and the blocks
+their forward keeps for the backward are half as large. Every other op (elementwise,
+normalisation, the loss, the optimizer) is unchanged — autocast runs those in fp32 or
+adds casts, so no speed-up is assumed — and so are the gradients and what the
+synchronisation sends (parameters stay fp32; DDP and Horovod all-reduce fp32 gradients
+unless a compression hook is set).
+
+The factors are measured (``benchmarks/amp_calibration.py``). The defaults are this
+project's measurement on its development machine (x86-64 with AVX-512 BF16, one thread,
+``torch.autocast("cpu", dtype=torch.bfloat16)``, docs/memory.md); set
+``DPRO_AMP_FACTORS=<the --json file>`` to use your hardware's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from dpro.errors import DproInputError
+from dpro.jsonio import read_json
+from dpro.optimizer.strategy import OpScale, Strategy
+from dpro.passes.base import Candidate, GraphPass, PassContext, register
+
+#: own-time factor under autocast per op class and direction (benchmarks/amp_calibration.py,
+#: 2-core x86-64 VM with avx512_bf16, torch 2.13 CPU, bfloat16, 2026-11-22)
+DEFAULT_FACTORS: dict[str, dict[str, float]] = {
+    "matmul": {"FW": 0.508, "BW": 0.467},
+    "conv": {"FW": 0.433, "BW": 0.598},
+    "attention": {"FW": 1.809, "BW": 4.266},
+}
+#: size of a kept activation in the low precision relative to fp32
+BYTES_FACTOR = 0.5
+
+_CLASSES = {
+    "attention": re.compile(r"scaled_dot_product|_flash_attention|_efficient_attention|ScaledDotProduct|FlashAttention"),
+    "conv": re.compile(r"conv|Convolution", re.I),
+    "matmul": re.compile(r"aten::(linear|addmm|mm|bmm|matmul|baddbmm)\b|AddmmBackward|MmBackward|BmmBackward|"
+                         r"LinearBackward|BaddbmmBackward"),
+}
+
+
+def op_class(name: str) -> str | None:
+    """The autocast class of an op name (None: not sped up)."""
+    for cls, rx in _CLASSES.items():
+        if rx.search(name):
+            return cls
+    return None
+
+
+def load_factors(path: str | Path | None = None) -> dict[str, dict[str, float]]:
+    """Factors from a calibration file (``benchmarks/amp_calibration.py --json``) or the defaults."""
+    path = path or os.environ.get("DPRO_AMP_FACTORS")
+    if not path:
+        return DEFAULT_FACTORS
+    d = read_json(Path(path))
+    f = d.get("factors") if isinstance(d, dict) else None
+    ok = isinstance(f, dict) and all(
+        isinstance(v, dict) and all(isinstance(v.get(k), (int, float)) and v[k] > 0 for k in ("FW", "BW"))
+        for v in f.values())
+    if not ok:
+        raise DproInputError(path, "not an AMP calibration: expected {'factors': {class: {'FW': x, 'BW': y}}}")
+    return {**DEFAULT_FACTORS, **f}
+
+
+@register
+class MixedPrecision(GraphPass):
+    """Run matmul-like ops in low precision (torch.autocast); factors measured per op class."""
+
+    name = "mixed_precision"
+
+    def __init__(self, factors: dict[str, dict[str, float]] | None = None) -> None:
+        self.factors = factors or load_factors()
+
+    def scales(self, ctx: PassContext) -> tuple[OpScale, ...]:
+        out = []
+        for op in ctx.model.ops.values():
+            cls = op_class(op.name) if op.cat in ("FW", "BW") else None
+            if cls is not None and cls in self.factors:
+                out.append(OpScale(op.id, float(self.factors[cls][op.cat]), BYTES_FACTOR if op.cat == "FW" else 1.0))
+        return tuple(out)
+
+    def candidates(self, ctx: PassContext) -> list[Candidate]:
+        if ctx.strategy.scales:
+            return []
+        sc = self.scales(ctx)
+        gain = sum(ctx.model.ops[s.op].dur * (1.0 - s.time) for s in sc)
+        if not sc:
+            return []
+        by_class = ", ".join(f"{c} {v['FW']:.2f}/{v['BW']:.2f}" for c, v in self.factors.items())
+        return [Candidate(self.name, ("autocast",),
+                          f"autocast: {len(sc)} matmul/conv/attention ops, own time x {by_class} (forward/backward)", gain)]
+
+    def apply(self, ctx: PassContext, cand: Candidate) -> Strategy:
+        return ctx.strategy.with_scales(self.scales(ctx))
