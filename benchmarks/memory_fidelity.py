@@ -131,6 +131,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rss0 = _rss_bytes()
     model, make_batch, loss_fn, bs = _build(args.model)
+    bs = args.batch_size or bs
     if args.checkpoint:
         from dpro.optimizer.apply import checkpoint_modules
 
@@ -268,6 +269,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="", help=argparse.SUPPRESS)
     ap.add_argument("--accum", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)

@@ -96,6 +96,16 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
 
         changed = changed.with_scales(MixedPrecision().scales(PassContext(jm, changed, None)))  # type: ignore[arg-type]
     p1 = evaluate_memory(jm, changed)
+    p1_interp = None
+    if k > 1:  # the same job at batch/k too: micro-batch op times measured (dpro optimize --micro-trace)
+        from dpro.optimizer.micro import attach_micro_trace
+
+        bs = mf._build(model)[3]
+        _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(d / "traces-micro"), "--warmup", str(mf.WARMUP),
+              "--steps", str(mf.STEPS), "--force", "--",
+              *mf._job(["--batch-size", str(bs // k)], model, opt, set_to_none, view)], "dpro profile (micro-batch)")
+        attach_micro_trace(jm, gt, load_gtrace(d / "traces-micro"))
+        p1_interp = evaluate_memory(jm, changed)
     change = _change_args(recompute, k, amp)
     _run(mf._job(["--truth", str(d / "truth"), *change], model, opt, set_to_none, view), "measurement run")
     meas_peak = max(max(json.loads(f.read_text())["peaks"].values()) for f in (d / "truth").glob("rank*.json"))
@@ -111,6 +121,8 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
         "peak_error_pct": 100.0 * (p1.peak_bytes - meas_peak) / meas_peak,
         "predicted_peak_unchanged_bytes": p0.peak_bytes,
         "predicted_us": p1.iteration_us, "measured_us": t_change,
+        "predicted_interpolated_us": p1_interp.iteration_us if p1_interp else None,
+        "predicted_interpolated_ratio": p1_interp.iteration_us / p0.iteration_us if p1_interp else None,
         "time_error_pct": 100.0 * (p1.iteration_us - t_change) / t_change,
         "predicted_unchanged_us": p0.iteration_us, "measured_unchanged_us": t_base,
         "predicted_ratio": p1.iteration_us / p0.iteration_us, "measured_ratio": t_change / t_base,
@@ -139,6 +151,12 @@ def main() -> None:
                   f"{r['peak_error_pct']:>6.2f} | {r['predicted_us'] / 1e3:>8.2f} {r['measured_us'] / 1e3:>8.2f} "
                   f"{r['time_error_pct']:>6.1f} | {r['predicted_ratio']:>6.3f} {r['measured_ratio']:>6.3f} "
                   f"{r['ratio_error_pct']:>6.1f} | {r['predicted_peak_unchanged_bytes'] / 1e6:>12.2f}", flush=True)
+            if r["predicted_interpolated_ratio"]:
+                x = r["predicted_interpolated_ratio"]
+                print(f"{'  with --micro-trace':<24} {'':>8} {'':>8} {'':>6} | "
+                      f"{r['predicted_interpolated_us'] / 1e3:>8.2f} {r['measured_us'] / 1e3:>8.2f} "
+                      f"{100 * (r['predicted_interpolated_us'] / r['measured_us'] - 1):>6.1f} | {x:>6.3f} "
+                      f"{r['measured_ratio']:>6.3f} {100 * (x / r['measured_ratio'] - 1):>6.1f} |", flush=True)
             print(f"  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -218,10 +218,13 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
 @click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
               help="Peak memory per worker to fit first (e.g. 8GiB, 500MB, 123456): recomputation and "
                    "gradient accumulation are searched when the job does not fit.")
+@click.option("--micro-trace", "micro_trace", default=None, type=click.Path(path_type=Path), metavar="PATH",
+              help="The same job profiled with a smaller per-rank batch (e.g. half): gradient accumulation's "
+                   "micro-batch op times are interpolated from it instead of scaled by 1/k.")
 @_rank_opt
 def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool, budget: float, pass_names: str | None,
              modules: tuple[str, ...], list_passes: bool, no_align: bool, memory_budget: str | None,
-             rank_pattern: str) -> None:
+             micro_trace: Path | None, rank_pattern: str) -> None:
     """Search a faster strategy for the job traced in PATH and say how to apply it.
 
     \b
@@ -265,9 +268,10 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     from dpro.progress import progress_pulse
 
     gt = open_trace(path, rank_pattern)
+    small = open_trace(micro_trace, rank_pattern) if micro_trace is not None else None
     with progress_pulse("optimizing") as tick:
         res = run_optimize(gt, passes=passes, budget_s=budget, align_clocks=not no_align, memory_budget=mem_bytes,
-                           memory_passes=mem_passes, tick=tick)
+                           memory_passes=mem_passes, micro_trace=small, tick=tick)
     if output is not None:
         write_strategy_dir(res, output, force=force)
     if as_json:

@@ -84,6 +84,19 @@ def test_accumulation_by_hand():
     assert evaluate_memory(m, Strategy.from_groups([[0]]).with_memory(accum=2)).iteration_us == pytest.approx(78.0)
 
 
+def test_micro_trace_interpolation_by_hand():
+    from dpro.optimizer.evaluate import micro_own_us
+
+    m = small_model()
+    assert micro_own_us(m, ("f1", "f2"), 2) == pytest.approx(10.0)  # no second trace: 1/k
+    m.micro = (0.5, {"f1": 8.0})  # f1 measured at half the batch: 8 µs (a 6 µs fixed part)
+    assert micro_own_us(m, ("f1",), 2) == pytest.approx(8.0)
+    assert micro_own_us(m, ("f1",), 4) == pytest.approx(7.0)  # extrapolated: 8 + (10 - 8) * (0.25 - 0.5) / 0.5
+    assert micro_own_us(m, ("f2",), 4) == pytest.approx(2.5)  # not in the second trace: 1/k
+    c = evaluate_memory(m, Strategy.from_groups([[0]]).with_memory(accum=2))
+    assert c.iteration_us == pytest.approx(70.0 + 2 * 3.0)
+
+
 def test_fit_memory_picks_fastest_that_fits_and_says_when_nothing_does():
     m = small_model()
     passes = [Recomputation(), GradientAccumulation((2,))]
@@ -234,6 +247,8 @@ def test_cli_memory_budget(transformer_trace, tmp_path):
     assert r.output.count("\n") == 1 and "cannot fit in 1.00 MiB: the best found needs" in r.output
     r = CliRunner().invoke(cli, ["optimize", str(transformer_trace), "--memory-budget", "lots"])
     assert r.exit_code == 2 and "not a size" in r.output
+    r = CliRunner().invoke(cli, ["optimize", str(transformer_trace), "--micro-trace", str(ROOT / "tests/data/probe")])
+    assert r.exit_code == 2 and "both need dpro's memory record" in r.output and r.output.count("\n") == 1
     out = tmp_path / "amp"
     r = CliRunner().invoke(cli, ["optimize", str(transformer_trace), "--budget", "2", "--passes", "mixed_precision",
                                  "--load-pass", "dpro.passes.mixed_precision", "-o", str(out)])

@@ -97,12 +97,16 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
     node_of_op: dict[str, int] = {}
     mb = max(1, strategy.accum)
 
+    in_mb = micro_ops(model) if mb > 1 else frozenset()
+
     def comp_dur(ops: tuple[str, ...], d: float) -> float:
-        # a micro-batch of 1/k of the batch: the ops' own time scales, the host gaps do not
-        if mb == 1 or model.ops[ops[0]].cat not in MICRO:
+        # a micro-batch of 1/k of the batch: the ops' own time scales (or is interpolated
+        # from a trace at a smaller batch), the host gaps do not
+        o = model.ops[ops[0]]
+        if mb == 1 or ops[0] not in in_mb or o.cat not in MICRO:
             return d
-        gap = model.ops[ops[0]].gap
-        return gap + (d - gap) / mb
+        own = sum(model.ops[x].dur for x in ops)
+        return max(0.0, d - own) + micro_own_us(model, ops, mb)
 
     for f in strategy.fusions:
         first = model.ops[f.ops[0]]
@@ -127,9 +131,10 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
             opsof.append(tuple(f"{o}{MB_SEP}{j}" for o in opsof[i]))
             return len(names) - 1
 
-        in_mb = micro_ops(model)
         micro = [i for i, ops in enumerate(opsof) if ops[0].startswith(RECOMPUTE_PREFIX) or ops[0] in in_mb]
-        comp_edges |= _micro_batches(micro, mb, comp_edges, max(prio) - min(prio) + 1.0, clone)
+        lo, hi = min(prio[i] for i in micro), max(prio[i] for i in micro)
+        skip = {i for i in range(len(names)) if lo <= prio[i] <= hi} - set(micro)
+        comp_edges |= _micro_batches(micro, skip, mb, comp_edges, max(prio) - min(prio) + 1.0, clone)
     for a, b in sorted(comp_edges):
         src.append(a)
         dst.append(b)
@@ -172,13 +177,31 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
 
 
 def micro_ops(model: JobModel) -> frozenset[str]:
-    """The ops each micro-batch runs: every computation op (updates excepted) from the
-    step's first forward op to its last backward op."""
+    """The ops each micro-batch runs: every computation op from the step's first forward
+    op to its last backward op, except updates and the ops that wait for a
+    synchronisation (e.g. DDP copying reduced buckets back: not under ``no_sync()``)."""
     fb = [o.prio for o in model.ops.values() if o.cat in MICRO]
     if not fb:
         return frozenset()
     lo, hi = min(fb), max(fb)
-    return frozenset(o.id for o in model.ops.values() if lo <= o.prio <= hi and o.cat != "UPDATE")
+    waits = {c for u in model.units for c in u.consumers}
+    return frozenset(o.id for o in model.ops.values() if lo <= o.prio <= hi and o.cat != "UPDATE" and o.id not in waits)
+
+
+def micro_own_us(model: JobModel, ops: tuple[str, ...], k: int) -> float:
+    """Own time of ``ops`` on 1/k of the batch: interpolated per op between the two
+    measured batch sizes when the model has a trace at a smaller batch
+    (:func:`dpro.optimizer.micro.attach_micro_trace`), else 1/k of the full-batch time."""
+    if model.micro is None:
+        return sum(model.ops[o].dur for o in ops) / k
+    r, small = model.micro
+    x = 1.0 / k
+    out = 0.0
+    for o in ops:
+        tb = model.ops[o].dur
+        tr = small.get(o)
+        out += tb * x if tr is None else max(0.0, tr + (tb - tr) * (x - r) / (1.0 - r))
+    return out
 
 
 def _recompute_node(model: JobModel, name: str, node_of_op: dict[str, int], edges: set[tuple[int, int]], k: int,
@@ -193,7 +216,8 @@ def _recompute_node(model: JobModel, name: str, node_of_op: dict[str, int], edge
     if not b.fw or not b.bw:
         return set()
     fw = model.ops[b.fw[0]]
-    d = sum(model.ops[o].gap + model.ops[o].dur / k for o in b.fw)
+    d = sum(model.ops[o].gap for o in b.fw) + (micro_own_us(model, b.fw, k) if k > 1 else
+                                               sum(model.ops[o].dur for o in b.fw))
     first_bw = model.ops[b.bw[0]]
     r = node(RECOMPUTE_PREFIX + name, d, "BW", fw.device, first_bw.prio - 1e-3, KIND_COMP, -1, (RECOMPUTE_PREFIX + name,))
     bw_nodes = {node_of_op[o] for o in b.bw}
@@ -203,16 +227,31 @@ def _recompute_node(model: JobModel, name: str, node_of_op: dict[str, int], edge
     return out
 
 
-def _micro_batches(micro: list[int], k: int, edges: set[tuple[int, int]], span: float, clone) -> set[tuple[int, int]]:
+def _micro_batches(micro: list[int], skip: set[int], k: int, edges: set[tuple[int, int]], span: float,
+                   clone) -> set[tuple[int, int]]:
     """Gradient accumulation: copies of the forward/backward nodes ``micro`` for micro-batches 1..k-1.
 
     The existing nodes are the last micro-batch (its backward launches the
     synchronisation); copy j runs before copy j+1: its last nodes feed the next copy's
     first ones. What precedes the forward (the batch, zero_grad) precedes copy 1; what
-    follows the backward (the update) follows the last micro-batch only.
-    ``clone(i, j, shift)`` adds a copy of node i for micro-batch j, ``shift`` earlier."""
+    follows the backward (the update) follows the last micro-batch only; ``skip`` (nodes
+    amid the micro-batch that it does not run, e.g. waits for a synchronisation) are
+    bypassed in the copies. ``clone(i, j, shift)`` adds a copy of node i for micro-batch
+    j, ``shift`` earlier."""
     mset = set(micro)
-    inner = [(a, b) for a, b in edges if a in mset and b in mset]
+    succ: dict[int, list[int]] = {}
+    for a, b in edges:
+        succ.setdefault(a, []).append(b)
+    inner: set[tuple[int, int]] = set()
+    for a in micro:
+        stack, seen = list(succ.get(a, ())), set()
+        while stack:
+            b = stack.pop()
+            if b in mset:
+                inner.add((a, b))
+            elif b in skip and b not in seen:
+                seen.add(b)
+                stack.extend(succ.get(b, ()))
     has_in = {b for _, b in inner}
     has_out = {a for a, _ in inner}
     sources = [i for i in micro if i not in has_in]
@@ -223,7 +262,7 @@ def _micro_batches(micro: list[int], k: int, edges: set[tuple[int, int]], span: 
         cp = {i: clone(i, j, (k - j) * span) for i in micro}
         out |= {(cp[a], cp[b]) for a, b in inner}
         if prev is None:
-            out |= {(a, cp[b]) for a, b in edges if b in mset and a not in mset}
+            out |= {(a, cp[b]) for a, b in edges if b in mset and a not in mset and a not in skip}
         else:
             out |= {(prev[a], cp[b]) for a in sinks for b in sources}
         prev = cp

@@ -77,6 +77,9 @@ class JobModel:
     notes: list[str] = field(default_factory=list)
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
     memory: dict | None = None
+    #: (batch fraction r, op -> own time µs at r) from a trace at a smaller batch
+    #: (:func:`dpro.optimizer.micro.attach_micro_trace`), for gradient accumulation
+    micro: tuple[float, dict[str, float]] | None = None
     #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
     #: cache: (bytes, pieces) -> sync time, µs (see evaluate.sync_time)

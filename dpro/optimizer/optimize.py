@@ -163,13 +163,16 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
 
 def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
              budget_s: float = 30.0, align_clocks: bool = True, memory_budget: int | None = None,
-             memory_passes: list[GraphPass] | None = None, tick: Tick = _noop) -> OptimizeResult:
+             memory_passes: list[GraphPass] | None = None, micro_trace: GTrace | None = None,
+             tick: Tick = _noop) -> OptimizeResult:
     """Search a faster strategy for the profiled job ``gt``.
 
     With ``memory_budget`` (bytes) the job is first made to fit (Algorithm 1, step 1:
     :func:`dpro.optimizer.memory_search.fit_memory` with ``memory_passes``, default every
     ``kind = "memory"`` pass); the throughput search keeps those memory settings.
-    Raises :class:`~dpro.optimizer.memory_search.CannotFit` when nothing fits."""
+    Raises :class:`~dpro.optimizer.memory_search.CannotFit` when nothing fits.
+    ``micro_trace``: the same job profiled at a smaller batch, for the micro-batch op
+    times of gradient accumulation (:mod:`dpro.optimizer.micro`)."""
     from dpro.replayer.replay import replay
 
     t0 = time.perf_counter()
@@ -181,6 +184,10 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
             gt = apply_offsets(gt, al.offsets_us)
     r = replay(gt, BuildOptions(), align_clocks=False)
     model = job_model(gt, r.build.link_cost, r.steps)
+    if micro_trace is not None:
+        from dpro.optimizer.micro import attach_micro_trace
+
+        model.notes += attach_micro_trace(model, gt, micro_trace)
     reg = default_registry()
     if passes is None:
         passes = reg.select(pass_names) if pass_names else [p for p in reg if p.kind == "throughput"]
