@@ -156,7 +156,8 @@ def test_mixed_precision_by_hand(tmp_path, monkeypatch):
     assert cand.est_gain_us == pytest.approx(12.5)
     c = evaluate_memory(m, p.apply(PassContext(m, start, None), cand))  # type: ignore[arg-type]
     assert c.iteration_us == pytest.approx(57.5)
-    assert c.peak_bytes == 1910 - 150  # A2 halved; f2's temporaries unchanged
+    # A2 and (after it: low precision) A3 halved, f1 before it not; b3's temporaries halved
+    assert c.peak_bytes == 1910 - 150 - 100 - 5
     (tmp_path / "amp.json").write_text(json.dumps({"factors": {"matmul": {"FW": 0.7}}}))
     with pytest.raises(Exception, match="not an AMP calibration"):
         load_factors(tmp_path / "amp.json")

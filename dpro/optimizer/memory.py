@@ -5,7 +5,7 @@ The record (``meta["memory"]``, docs/memory.md) gives per op its ``alloc``/``fre
 and the blocks that outlive their op as ``lifetimes`` ``[producer, releaser, bytes]``.
 
 * **Op scales** (:class:`~dpro.optimizer.strategy.OpScale`, e.g. mixed precision): a block
-  an op keeps for a later op of the step is ``bytes`` times as large.
+  an op keeps for a later op of the step, and its temporaries, are ``bytes`` times as large.
 * **Recomputing block B** (:mod:`dpro.optimizer.blocks`): a block produced by one of B's
   forward ops and released by one of B's backward ops is no longer kept: its producer
   frees it at once (its ``peak`` is unchanged: it still allocates it), and B's
@@ -103,6 +103,10 @@ def _micro_batches(model: JobModel, mem: dict, k: int) -> dict:
 
 def _scale_bytes(model: JobModel, mem: dict, factor: dict[str, float]) -> dict:
     ops = _ops_table(mem)
+    for o, f in factor.items():  # temporaries
+        if o in ops:
+            temp = max(0, ops[o]["peak"] - ops[o]["alloc"])
+            ops[o]["peak"] -= temp - int(temp * f)
     lifetimes = []
     for p, rel, nbytes in mem.get("lifetimes") or []:
         f = factor.get(p, 1.0)

@@ -21,8 +21,9 @@ class FusedOp:
 
 @dataclass(frozen=True, slots=True)
 class OpScale:
-    """Op ``op`` runs with its own time × ``time``; the blocks it keeps for later ops × ``bytes``
-    (e.g. mixed precision: a faster kernel with a half-size output)."""
+    """Op ``op`` runs with its own time × ``time``; the blocks it keeps for later ops of the
+    step and its temporaries × ``bytes`` (e.g. mixed precision: a faster kernel with
+    half-size outputs)."""
 
     op: str
     time: float = 1.0

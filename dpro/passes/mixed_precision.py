@@ -38,6 +38,10 @@ DEFAULT_FACTORS: dict[str, dict[str, float]] = {
 #: size of a kept activation in the low precision relative to fp32
 BYTES_FACTOR = 0.5
 
+#: ops autocast runs in fp32 (their outputs stay fp32)
+FP32_OPS = re.compile(r"norm|softmax|log_softmax|cross_entropy|nll_loss|mse_loss|l1_loss|exp|log\b|pow|sum|mean|"
+                      r"cumsum|prod|dist|renorm|cosine|kl_div|binary_cross|smooth_l1|huber|margin", re.I)
+
 _CLASSES = {
     "attention": re.compile(r"scaled_dot_product|_flash_attention|_efficient_attention|ScaledDotProduct|FlashAttention"),
     "conv": re.compile(r"conv|Convolution", re.I),
@@ -79,17 +83,25 @@ class MixedPrecision(GraphPass):
         self.factors = factors or load_factors()
 
     def scales(self, ctx: PassContext) -> tuple[OpScale, ...]:
+        m = ctx.model
+        fw = sorted((o for o in m.ops.values() if o.cat == "FW"), key=lambda o: o.prio)
+        first = next((o.prio for o in fw if op_class(o.name)), None)
         out = []
-        for op in ctx.model.ops.values():
+        for op in m.ops.values():
             cls = op_class(op.name) if op.cat in ("FW", "BW") else None
-            if cls is not None and cls in self.factors:
-                out.append(OpScale(op.id, float(self.factors[cls][op.cat]), BYTES_FACTOR if op.cat == "FW" else 1.0))
+            t = float(self.factors[cls][op.cat]) if cls in self.factors else 1.0
+            # dtype flow: from the first low-precision op on, forward outputs are low precision
+            # unless autocast runs the op in fp32 (normalisation, softmax, losses)
+            low = (first is not None and not FP32_OPS.search(op.name)
+                   and (op.cat == "BW" or (op.cat == "FW" and op.prio >= first)))
+            if t != 1.0 or low:
+                out.append(OpScale(op.id, t, BYTES_FACTOR if low else 1.0))
         return tuple(out)
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
         if ctx.strategy.scales:
             return []
-        sc = self.scales(ctx)
+        sc = [s for s in self.scales(ctx) if s.time != 1.0]
         gain = sum(ctx.model.ops[s.op].dur * (1.0 - s.time) for s in sc)
         if not sc:
             return []
