@@ -137,6 +137,8 @@ def worker(args: argparse.Namespace) -> None:
 
         checkpoint_modules(model, args.checkpoint.split(","))
     k = args.accum
+    if args.compile:
+        model.compile()
     ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)
     opt = _optimizer(args.optimizer, ddp.parameters())
     prof = None
@@ -270,6 +272,7 @@ def main() -> None:
     ap.add_argument("--accum", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)

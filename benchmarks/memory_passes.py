@@ -41,14 +41,17 @@ import memory_fidelity as mf  # noqa: E402
 
 TIMED_STEPS = 12
 
-#: case -> (memory_fidelity config, blocks to recompute, micro-batches, bf16 autocast)
-CASES: dict[str, tuple[str, tuple[str, ...], int, bool]] = {
+#: case -> (memory_fidelity config, blocks to recompute, micro-batches, bf16 autocast or "compile")
+CASES: dict[str, tuple[str, tuple[str, ...], int, bool | str]] = {
     "transformer-recompute": ("transformer-adamw", ("encoder.layers.0", "encoder.layers.1", "encoder.layers.2"), 1, False),
     "transformer-accum2": ("transformer-adamw", (), 2, False),
     "mlp-accum2": ("mlp-sgdm", (), 2, False),
     "convnet-accum2": ("convnet-adam", (), 2, False),
     "mlp-amp": ("mlp-sgdm", (), 1, True),
     "convnet-amp": ("convnet-adam", (), 1, True),
+    # the whole model under torch.compile, priced by the recorder's measurement (--measure-compile)
+    "convnet-compile": ("convnet-adam", (), 1, "compile"),
+    "transformer-compile": ("transformer-adamw", (), 1, "compile"),
 }
 
 
@@ -58,8 +61,9 @@ def _run(cmd: list[str], what: str) -> None:
         raise SystemExit(f"{what} failed:\n{r.stderr[-3000:]}")
 
 
-def _change_args(recompute: tuple[str, ...], k: int, amp: bool) -> list[str]:
-    return [*(["--checkpoint", ",".join(recompute)] if recompute else []), "--accum", str(k), *(["--amp"] if amp else [])]
+def _change_args(recompute: tuple[str, ...], k: int, amp: bool | str) -> list[str]:
+    return [*(["--checkpoint", ",".join(recompute)] if recompute else []), "--accum", str(k),
+            *(["--compile"] if amp == "compile" else ["--amp"] if amp else [])]
 
 
 def _timed(config: str, extra: list[str], out: Path) -> float:
@@ -83,14 +87,19 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
     d = work / name
     traces = d / "traces"
     _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(mf.WARMUP), "--steps",
-          str(mf.STEPS), "--force", "--", *mf._job([], model, opt, set_to_none, view)], "dpro profile")
+          str(mf.STEPS), "--force", *(["--measure-compile"] if amp == "compile" else []), "--",
+          *mf._job([], model, opt, set_to_none, view)], "dpro profile")
     gt = load_gtrace(traces)
     rr = replay(gt, BuildOptions())
     jm = job_model(gt, rr.build.link_cost, rr.steps)
     base = Strategy.from_groups(jm.baseline_groups)
     p0 = evaluate_memory(jm, base)
     changed = base.with_memory(recompute, k)
-    if amp:
+    if amp == "compile":
+        from dpro.optimizer.optimize import compiled_model_strategy
+
+        changed = compiled_model_strategy(jm)
+    elif amp:
         from dpro.passes.base import PassContext
         from dpro.passes.mixed_precision import MixedPrecision
 

@@ -153,8 +153,11 @@ def validate(path: Path, rank_pattern: str) -> None:
 @click.option("--warmup", default=5, show_default=True, help="Calls of the step function before profiling.")
 @click.option("--steps", default=5, show_default=True, help="Calls of the step function to profile.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
+@click.option("--measure-compile", is_flag=True,
+              help="PyTorch: after the window, time each model block eagerly and under torch.compile, so that "
+                   "`dpro optimize` prices op fusion by measurement (tens of seconds per distinct block).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def profile(output: Path, warmup: int, steps: int, force: bool, command: tuple[str, ...]) -> None:
+def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -175,7 +178,7 @@ def profile(output: Path, warmup: int, steps: int, force: bool, command: tuple[s
 
     if warmup < 0 or steps < 1:
         raise click.BadParameter("need --warmup >= 0 and --steps >= 1")
-    res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force)
+    res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile)
     click.echo(f"dpro: {res.message}", err=True)
     if res.out is not None:
         click.echo(f"dpro: next: dpro replay {res.out}", err=True)

@@ -256,3 +256,39 @@ def test_cli_memory_budget(transformer_trace, tmp_path):
     assert r.exit_code == 0, r.output
     # measured factors: matmul/conv faster, attention slower on this CPU; the search decides
     assert (out / "amp.json").exists() == ("[mixed_precision]" in r.output)
+
+
+# ---------------------------------------------------------------- op fusion priced by torch.compile
+
+def test_fused_duration_uses_the_smallest_measured_module():
+    from dpro.passes.op_fusion import fused_duration, measured_module
+
+    m = small_model()
+    m.ops["f1"].gap = 2.0
+    assert fused_duration(m, ("f1", "f2")) == pytest.approx(2.0 + 20.0)  # estimate: first gap + own times
+    m.compile = {"": {"eager_us": 100.0, "compiled_us": 150.0}, "blk": {"eager_us": 100.0, "compiled_us": 50.0}}
+    assert measured_module(m, ("f1", "f2")) == "blk"
+    assert fused_duration(m, ("f1", "f2")) == pytest.approx(0.5 * 22.0)
+    assert measured_module(m, ("f2", "f3")) == ""  # blk.b and head: only the model holds both
+    assert fused_duration(m, ("f2", "f3")) == pytest.approx(1.5 * 20.0)
+
+
+def test_compile_probe_measures_blocks_without_touching_training_state():
+    torch = pytest.importorskip("torch")
+    from dpro.profiler.torch_compile_probe import CompileProbe
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1)),
+                                torch.nn.Linear(16, 1))
+    probe = CompileProbe(model)
+    probe.start()
+    x = torch.randn(8, 16)
+    model(x).sum().backward()
+    assert set(probe.inputs) == {"", "0"} and not probe.hooks  # first inputs kept, hooks gone
+    grads = [p.grad.clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    res = probe.measure(budget_s=300)
+    assert set(res) == {"", "0"} and res["0"]["class"] == "Sequential"
+    assert all(v["eager_us"] > 0 and v["compiled_us"] > 0 for v in res.values())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert torch.equal(rng, torch.get_rng_state())

@@ -125,3 +125,21 @@ def autocast_enabled(path: str | Path) -> bool:
     if not isinstance(v, bool):
         raise DproInputError(Path(path), "amp.json: 'autocast' must be true or false")
     return v
+
+
+def compile_modules(model: Any, path: str | Path) -> list[str]:
+    """``torch.compile`` (in place) the modules ``compile.json`` lists (``""``: the whole
+    model); no compile.json: nothing. Returns the names compiled."""
+    p = Path(path)
+    if p.is_dir() and not (p / "compile.json").exists():
+        return []
+    names = _load(path, "compile.json").get("torch_compile_modules", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise DproInputError(Path(path), "compile.json: 'torch_compile_modules' must be a list of module names")
+    for n in names:
+        try:
+            mod = model.get_submodule(n) if n else model
+        except AttributeError:
+            raise DproInputError(Path(path), f"compile.json: the model has no module {n!r}") from None
+        mod.compile()
+    return names

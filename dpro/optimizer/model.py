@@ -77,6 +77,8 @@ class JobModel:
     notes: list[str] = field(default_factory=list)
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
     memory: dict | None = None
+    #: module -> {"eager_us", "compiled_us"} measured by the recorder (``--measure-compile``)
+    compile: dict[str, dict] | None = None
     #: (batch fraction r, op -> own time µs at r) from a trace at a smaller batch
     #: (:func:`dpro.optimizer.micro.attach_micro_trace`), for gradient accumulation
     micro: tuple[float, dict[str, float]] | None = None
@@ -185,7 +187,17 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
         notes=notes, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
+        compile=_compile_facts(rep.meta.get("compile")),
     )
+
+
+def _compile_facts(d: object) -> dict[str, dict] | None:
+    """The recorder's torch.compile measurements, kept where both times are positive numbers."""
+    if not isinstance(d, dict):
+        return None
+    out = {str(k): v for k, v in d.items() if isinstance(v, dict)
+           and all(isinstance(v.get(x), (int, float)) and v[x] > 0 for x in ("eager_us", "compiled_us"))}
+    return out or None
 
 
 def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:

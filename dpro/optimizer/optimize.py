@@ -15,7 +15,7 @@ from dpro.optimizer.evaluate import analyse, iteration_us
 from dpro.optimizer.memory_search import MemoryFit, evaluate_memory, fit_memory
 from dpro.optimizer.model import JobModel, job_model
 from dpro.optimizer.search import SearchResult, search
-from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.strategy import OpScale, Strategy
 from dpro.passes.base import GraphPass
 from dpro.passes.registry import default_registry
 from dpro.progress import Tick, _noop
@@ -110,10 +110,22 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
         out["DDP default (25 MiB buckets)"] = ddp_strategy(model, None)
     if model.library == "horovod" or model.scheme == "allreduce":
         out["Horovod default (64 MiB, 1 ms cycle)"] = Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), sizes))
+    if model.compile and "" in model.compile:
+        out["torch.compile of the whole model (measured)"] = compiled_model_strategy(model)
     if model.scheme == "ps":
         st = Strategy.from_groups([[i] for i in range(n)])
         out["BytePS default (4 MB partitions)"] = Strategy(st.groups, tuple(lib.byteps_partitions(sizes)))
     return out
+
+
+def compiled_model_strategy(model: JobModel) -> Strategy:
+    """The job with the whole model under ``torch.compile``: every forward/backward op's time
+    (own + host gap) × the compiled / eager ratio the recorder measured for the model."""
+    m = model.compile[""]  # type: ignore[index]
+    f = m["compiled_us"] / m["eager_us"]
+    scales = tuple(OpScale(o.id, max(0.0, (f * (o.dur + o.gap) - o.gap) / o.dur))
+                   for o in model.ops.values() if o.cat in ("FW", "BW") and o.dur > 0)
+    return Strategy.from_groups(model.baseline_groups).with_scales(scales)
 
 
 def ddp_strategy(model: JobModel, bucket_cap_mb: float | None) -> Strategy:

@@ -126,11 +126,17 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
                              "predicted_iteration_us": res.best.iteration_us}
     if st.fusions:
         m = res.model
-        layers = sorted({m.ops[o].layer for f in st.fusions for o in f.ops if m.ops[o].layer})
+        from dpro.passes.op_fusion import measured_module
+
+        measured = {measured_module(m, f.ops) for f in st.fusions}
+        # compile the measured modules the fusions were priced by ("" = the whole model), else the layers
+        layers = sorted(measured) if None not in measured else sorted(
+            {m.ops[o].layer for f in st.fusions for o in f.ops if m.ops[o].layer})
         files["compile.json"] = {
             "op_fusion": [{"ops": list(f.ops), "layers": sorted({m.ops[o].layer for o in f.ops if m.ops[o].layer}),
                            "dur_us": f.dur} for f in st.fusions],
             "torch_compile_modules": layers,
+            "priced_by": "measured (torch.compile)" if None not in measured else "estimate (host gaps removed)",
         }
     return files
 

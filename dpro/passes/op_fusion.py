@@ -1,9 +1,11 @@
 """Op fusion: run adjacent computation ops on the critical path as one (Theorems 1 and 3).
 
-Cost model of a fused op (:func:`fused_duration`): the ops' own times, scaled by
-``compute_factor`` (1.0 by default: no arithmetic speed-up is assumed), plus only the
-first op's host gap — a fused kernel is dispatched once, so the host gaps between the
-ops disappear. On eager frameworks these gaps are what fusion mostly saves (dispatch,
+Cost model of a fused op (:func:`fused_duration`): **measured** when the recorder timed
+the module around the ops eagerly and under ``torch.compile`` (``dpro profile
+--measure-compile``): the ops' time (own + host gaps) × compiled / eager of the smallest
+such module. Otherwise an estimate: the ops' own times, scaled by ``compute_factor``
+(1.0 by default: no arithmetic speed-up is assumed), plus only the first op's host gap —
+a fused kernel is dispatched once, so the host gaps between the ops disappear. On eager frameworks these gaps are what fusion mostly saves (dispatch,
 Python, kernel launch); the estimate is conservative where a compiler also saves memory
 traffic. The strategy lists the fused ops and their layers, to hand to ``torch.compile``
 or XLA (docs/optimizer.md).
@@ -22,8 +24,25 @@ from dpro.passes.base import Candidate, GraphPass, PassContext
 FUSIBLE = ("FW", "BW", "UPDATE")
 
 
+def measured_module(model: JobModel, ops: tuple[str, ...]) -> str | None:
+    """The smallest module measured under torch.compile that holds every op of ``ops``."""
+    if not model.compile:
+        return None
+    layers = [model.ops[o].layer or "" for o in ops]
+    best = None
+    for name in model.compile:
+        if all(name == "" or l == name or l.startswith(name + ".") for l in layers):
+            if best is None or name.count(".") + (name != "") > best.count(".") + (best != ""):
+                best = name
+    return best
+
+
 def fused_duration(model: JobModel, ops: tuple[str, ...], compute_factor: float = 1.0) -> float:
     """Estimated duration (µs) of ``ops`` run as one (see the module docstring)."""
+    mod = measured_module(model, ops)
+    if mod is not None:
+        m = model.compile[mod]  # type: ignore[index]
+        return m["compiled_us"] / m["eager_us"] * sum(model.ops[o].dur + model.ops[o].gap for o in ops)
     return model.ops[ops[0]].gap + compute_factor * sum(model.ops[o].dur for o in ops)
 
 

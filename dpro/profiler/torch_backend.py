@@ -27,6 +27,7 @@ import torch
 from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
+from dpro.profiler.torch_compile_probe import CompileProbe, enabled as compile_probe_enabled
 from dpro.profiler.torch_memory import MemoryWatch
 from dpro.profiler.horovod import start_dynamic_timeline, stop_dynamic_timeline
 
@@ -69,6 +70,9 @@ class TorchBackend:
         self.steps: list[int] = []
         self._hvd: Any = None
         self.memory = MemoryWatch(model)
+        self.compile_probe = CompileProbe(self.inner) if compile_probe_enabled() else None
+        if self.compile_probe is not None:
+            self.compile_probe.start()  # before the window: its input copies are not profiled
         self._install_comm_hook()
 
     # ---------------------------------------------------------------- DDP buckets
@@ -152,6 +156,8 @@ class TorchBackend:
     def _stop(self) -> None:
         self.active = False
         self.memory.stop()
+        if self.compile_probe is not None:
+            self.compile_probe.stop()
         self._remove_layer_hooks()
         if self.prof is not None:
             self.prof.stop()
@@ -182,6 +188,10 @@ class TorchBackend:
              "bytes": p.numel() * p.element_size(), "requires_grad": p.requires_grad}
             for n, p in self.inner.named_parameters()
         ]
+        compiled = {}
+        if self.compile_probe is not None:
+            log.warning("dpro: rank %d measuring its blocks under torch.compile (--measure-compile)", rank)
+            compiled = self.compile_probe.measure()
         write_json(out / f"rank{rank}.meta.json", {
             "format": "dpro-rank-meta",
             "version": 1,
@@ -196,6 +206,7 @@ class TorchBackend:
             "params": params,
             "buckets": [self.buckets[k] for k in sorted(self.buckets)],
             "memory": self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
+            **({"compile": compiled} if compiled else {}),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None

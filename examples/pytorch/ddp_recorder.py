@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--crash-at", type=int, default=None, help="raise in this step (to test failures)")
     p.add_argument("--dpro-strategy", default=None,
-                   help="a `dpro optimize -o` directory: use its ddp.json, memory.json, amp.json")
+                   help="a `dpro optimize -o` directory: use its ddp.json, memory.json, amp.json, compile.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -40,13 +40,14 @@ def main() -> None:
     ddp_args = {"bucket_cap_mb": args.bucket_cap_mb}
     micro, amp = 1, False
     if args.dpro_strategy:
-        from dpro.optimizer.apply import autocast_enabled, checkpoint_modules, ddp_kwargs, memory_settings
+        from dpro.optimizer.apply import autocast_enabled, checkpoint_modules, compile_modules, ddp_kwargs, memory_settings
 
         ddp_args = ddp_kwargs(args.dpro_strategy)
         mem = memory_settings(args.dpro_strategy)
         checkpoint_modules(model, mem.checkpoint_modules)  # recomputation
         micro = mem.accumulation_steps  # gradient accumulation
         amp = autocast_enabled(args.dpro_strategy)  # mixed precision
+        compile_modules(model, args.dpro_strategy)  # op fusion (compile.json)
     ddp = DDP(model, **ddp_args)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     batch = make_batch(args.batch_size or DEFAULT_BATCH_SIZE[args.model])
