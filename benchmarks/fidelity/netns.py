@@ -2,7 +2,7 @@
 
 Layout (needs root, ``ip`` and ``tc`` from iproute2)::
 
-    root namespace:   bridge dprofid-br (no address)
+    root namespace:   bridge dprofid-br, 10.77.0.254/24 (reachable from every rank)
                         |-- dprofid-h0  <veth>  dprofid-n0  in netns dpro-fid-0, 10.77.0.1/24
                         |-- dprofid-h1  <veth>  dprofid-n1  in netns dpro-fid-1, 10.77.0.2/24
                         ...
@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Sequence
 
@@ -42,6 +45,8 @@ NS_PREFIX = "dpro-fid-"
 LINK_PREFIX = "dprofid-"
 BRIDGE = LINK_PREFIX + "br"
 SUBNET = "10.77.0"  # /24; rank R gets SUBNET.(R+1)
+ETC_NETNS = "/etc/netns"
+BRIDGE_ADDR = SUBNET + ".254"  # the root namespace on the bridge (e.g. Horovod's rendezvous server)
 MAX_RANKS = 200
 TBF_LATENCY_MS = 50  # max time a packet may wait in the tbf queue
 TBF_MIN_BURST_BYTES = 128 * 1024  # > one 64 KiB GSO super-packet, or tbf drops it
@@ -126,6 +131,8 @@ def cleanup(log: Logger = _quiet) -> int:
     for link in sorted(list_links(), key=lambda n: n == BRIDGE):
         run_cmd(["ip", "link", "del", link], log, check=False)
         removed += 1
+    for d in Path(ETC_NETNS).glob(NS_PREFIX + "*"):
+        shutil.rmtree(d, ignore_errors=True)
     return removed
 
 
@@ -194,6 +201,7 @@ class NetnsCluster:
         self._up = True
         try:
             run_cmd(["ip", "link", "add", BRIDGE, "type", "bridge"], self.log)
+            run_cmd(["ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE], self.log)
             run_cmd(["ip", "link", "set", BRIDGE, "up"], self.log)
             for rank in range(self.n):
                 self._add_rank(rank)
@@ -212,6 +220,12 @@ class NetnsCluster:
         run_cmd(["ip", "-n", ns, "addr", "add", f"{rank_addr(rank)}/24", "dev", v], self.log)
         run_cmd(["ip", "-n", ns, "link", "set", v, "up"], self.log)
         run_cmd(["ip", "-n", ns, "link", "set", "lo", "up"], self.log)
+        # `ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts: inside the namespace
+        # this host's name resolves to the rank's address (libraries that bind to the
+        # hostname's address, e.g. Horovod's gloo process sets, then use the veth, not lo)
+        etc = Path(ETC_NETNS, ns)
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{rank_addr(rank)} {socket.gethostname()}\n")
         if self.rate_mbit is not None:
             tbf = tbf_args(self.rate_mbit)
             run_cmd(["tc", "qdisc", "add", "dev", h, "root", *tbf], self.log)  # bridge -> rank

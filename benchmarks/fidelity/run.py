@@ -67,6 +67,7 @@ from netns import NetnsCluster, install_teardown_signals, restore_signals, tbf_a
 TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_ddp.py"
 HVD_TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_horovod.py"
 HVD_RECORDER_SCRIPT = REPO / "examples" / "pytorch" / "hvd_recorder.py"
+HVD_NETNS_SCRIPT = Path(__file__).resolve().parent / "hvd_netns.py"
 #: Horovod (gloo) jobs: loopback only (horovodrun across namespaces is not set up here)
 HVD_MODELS = ("mlp", "transformer")
 DEFAULT_PYTHON = "/work/venv/bin/python"
@@ -149,7 +150,9 @@ def build_matrix(cap_override: float | None) -> list[Job]:
             cap = cap_override if cap_override is not None else DEFAULT_CAP_MBIT[model]
             jobs += [Job(model, world, None), Job(model, world, cap)]
     if importlib.util.find_spec("horovod") is not None:
-        jobs += [Job(model, 2, None, horovod=True) for model in HVD_MODELS]
+        for model in HVD_MODELS:
+            cap = cap_override if cap_override is not None else DEFAULT_CAP_MBIT[model]
+            jobs += [Job(model, 2, None, horovod=True), Job(model, 2, cap, horovod=True)]
     return jobs
 
 
@@ -196,20 +199,25 @@ def train_args(job: Job, opts: argparse.Namespace, run_dir: Path, tag: str, prof
     return args
 
 
-def horovodrun_command(job: Job, opts: argparse.Namespace, script: Path, args: list[str]) -> list[str]:
-    """One ``horovodrun`` command launching all ranks on this host (gloo)."""
+def horovodrun_command(job: Job, opts: argparse.Namespace, script: Path, args: list[str],
+                       net: NetnsCluster | None = None) -> list[str]:
+    """One command launching all ranks (gloo): ``horovodrun`` on loopback, or, with the
+    job's namespaces up, ``hvd_netns.py`` (one rank per namespace)."""
+    if net is not None:
+        return [opts.python, str(HVD_NETNS_SCRIPT), "--np", str(job.world), "--existing", "--",
+                opts.python, str(script), *args]
     hvdrun = str(Path(opts.python).parent / "horovodrun")
     return [hvdrun, "-np", str(job.world), "--gloo", "-H", f"localhost:{job.world}", opts.python, str(script), *args]
 
 
-def dpro_profile_command(job: Job, opts: argparse.Namespace, run_dir: Path) -> list[str]:
+def dpro_profile_command(job: Job, opts: argparse.Namespace, run_dir: Path, net: NetnsCluster | None = None) -> list[str]:
     """The profiled Horovod run: the two-line recorder under ``dpro profile`` (trace in run_dir/trace)."""
     args = ["--model", job.model, "--steps", str(opts.warmup + opts.active + 1)]
     if opts.batch_size:
         args += ["--batch-size", str(opts.batch_size)]
     return [opts.python, "-m", "dpro.cli", "profile", "-o", str(run_dir / "trace"), "--force",
             "--warmup", str(opts.warmup), "--steps", str(opts.active), "--",
-            *horovodrun_command(job, opts, HVD_RECORDER_SCRIPT, args)]
+            *horovodrun_command(job, opts, HVD_RECORDER_SCRIPT, args, net)]
 
 
 def torchrun_command(job: Job, opts: argparse.Namespace, port: int, args: list[str]) -> list[str]:
@@ -350,8 +358,8 @@ def launch(job: Job, opts: argparse.Namespace, net: NetnsCluster | None, ports: 
     args = train_args(job, opts, run_dir, tag, profiled)
     port = ports.take()
     if job.horovod:
-        cmds = [dpro_profile_command(job, opts, run_dir) if profiled
-                else horovodrun_command(job, opts, HVD_TRAIN_SCRIPT, args)]
+        cmds = [dpro_profile_command(job, opts, run_dir, net) if profiled
+                else horovodrun_command(job, opts, HVD_TRAIN_SCRIPT, args, net)]
     else:
         cmds = [torchrun_command(job, opts, port, args)] if net is None else netns_commands(net, opts, port, args)
     if opts.wait_quiet > 0:
