@@ -40,6 +40,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import memory_fidelity as mf  # noqa: E402
 
 TIMED_STEPS = 12
+#: profiled runs: enough warm-up calls for the recorder to measure its own overhead (>= 4)
+PROFILE_WARMUP = 6
+PROFILE_STEPS = ["--steps", str(PROFILE_WARMUP + mf.STEPS + 1)]
 
 #: case -> (memory_fidelity config, blocks to recompute, micro-batches, bf16 autocast or "compile")
 CASES: dict[str, tuple[str, tuple[str, ...], int, bool | str]] = {
@@ -86,9 +89,9 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
     model, opt, set_to_none, view = mf.CONFIGS[config]
     d = work / name
     traces = d / "traces"
-    _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(mf.WARMUP), "--steps",
+    _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(PROFILE_WARMUP), "--steps",
           str(mf.STEPS), "--force", *(["--measure-compile"] if amp == "compile" else []), "--",
-          *mf._job([], model, opt, set_to_none, view)], "dpro profile")
+          *mf._job(PROFILE_STEPS, model, opt, set_to_none, view)], "dpro profile")
     gt = load_gtrace(traces)
     rr = replay(gt, BuildOptions())
     jm = job_model(gt, rr.build.link_cost, rr.steps)
@@ -110,9 +113,10 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
         from dpro.optimizer.micro import attach_micro_trace
 
         bs = mf._build(model)[3]
-        _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(d / "traces-micro"), "--warmup", str(mf.WARMUP),
+        _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(d / "traces-micro"), "--warmup", str(PROFILE_WARMUP),
               "--steps", str(mf.STEPS), "--force", "--",
-              *mf._job(["--batch-size", str(bs // k)], model, opt, set_to_none, view)], "dpro profile (micro-batch)")
+              *mf._job(["--batch-size", str(bs // k), *PROFILE_STEPS], model, opt, set_to_none, view)],
+             "dpro profile (micro-batch)")
         attach_micro_trace(jm, gt, load_gtrace(d / "traces-micro"))
         p1_interp = evaluate_memory(jm, changed)
     change = _change_args(recompute, k, amp)

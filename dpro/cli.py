@@ -112,14 +112,21 @@ def replay(
     memory = peak_memory(gt, res)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
+    from dpro.replayer.overhead import job_overhead
+
+    ov = job_overhead(gt.workers())
     if as_json:
         out = res.to_json()
         out["memory"] = {w: m.to_json() for w, m in memory.items()}
+        out["profiling_overhead"] = ov.to_json() if ov is not None else None
         sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
         return
     from dpro.report import print_replay
 
     print_replay(res, path, top=top, timeline=timeline)
+    if ov is not None:
+        click.echo(f"  profiling overhead (recorder's clock): {ov.pct:+.1f}% ({ov.unprofiled_us / 1e3:.2f} ms per step "
+                   f"before the window, {ov.profiled_us / 1e3:.2f} ms in it)")
     for w, m in memory.items():
         if m.source == "allocations":
             click.echo(f"  {w}: predicted peak memory {m.peak_bytes / 2**20:.1f} MiB at {m.peak_us / 1e3:.1f} ms "

@@ -19,7 +19,8 @@ import numpy as np
 from dpro.errors import DproInputError
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.model import CompOp, JobModel, _remove_overhead
+from dpro.replayer.overhead import measured_overhead
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,13 @@ def attach_micro_trace(model: JobModel, full: GTrace, small: GTrace) -> list[str
     steps = typical_steps(list(small.nodes.values()), small.manifest.steps)
     own: dict[str, list[float]] = {}
     for nt in sw:
-        for op, st in node_stats(nt, steps).items():
-            if st.samples:
-                own.setdefault(op, []).append(st.dur)
+        ops = {op: CompOp(op, nt.ops[op].name, nt.ops[op].cat, nt.ops[op].device, st.dur, st.gap, st.offset)
+               for op, st in node_stats(nt, steps).items() if st.samples and nt.ops[op].cat != "COMM"}
+        ov = measured_overhead(nt) if model.overhead is not None else None
+        if ov is not None:  # as the full trace's ops: the job unprofiled
+            _remove_overhead(ov, ops)
+        for op, o in ops.items():
+            own.setdefault(op, []).append(o.dur)
     times = {op: float(np.mean(v)) for op, v in own.items() if op in model.ops}
     fwbw = [o for o in model.ops.values() if o.cat in ("FW", "BW")]
     matched = sum(1 for o in fwbw if o.id in times)

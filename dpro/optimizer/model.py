@@ -25,6 +25,7 @@ from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
+from dpro.replayer.overhead import Overhead, measured_overhead
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class JobModel:
     servers: int = 0
     measured_us: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: the profiling overhead the recorder measured (taken out of the ops), if any
+    overhead: Overhead | None = None
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
     memory: dict | None = None
     #: module -> {"eager_us", "compiled_us"} measured by the recorder (``--measure-compile``)
@@ -107,11 +110,14 @@ class JobModel:
         return order
 
 
-def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None) -> JobModel:
+def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None, *,
+              remove_overhead: bool = True) -> JobModel:
     """Extract the optimizer's model from a (clock-aligned) gTrace.
 
     ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
-    synchronisation cannot be modelled and the trace is refused.
+    synchronisation cannot be modelled and the trace is refused. ``remove_overhead``:
+    where the recorder measured its own overhead (:mod:`dpro.replayer.overhead`), take it
+    out of the host-side ops, so that predictions are of the job as it runs unprofiled.
     """
     where = gt.source or gt.manifest.meta.get("source") or "<trace>"
     if gt.manifest.scheme == "ps":
@@ -142,6 +148,9 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
             ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, 0.0, 0.0, 0.0, op.layer)
         else:
             ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, s.dur, s.gap, s.offset, op.layer)
+    overhead = measured_overhead(rep) if remove_overhead else None
+    if overhead is not None:
+        notes += _remove_overhead(overhead, ops)
 
     comm = [op for op in rep.ops.values() if op.cat == "COMM"]
     preds: dict[str, list[str]] = defaultdict(list)
@@ -186,7 +195,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None)
         world_size=max(gt.manifest.world_size, len(workers)), scheme=gt.manifest.scheme,
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
-        notes=notes, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
+        notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
         compile=_compile_facts(rep.meta.get("compile")),
     )
 
@@ -206,3 +215,20 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
         if tensor == f"bucket{b.get('index')}":
             return list(b.get("params", []))
     return []
+
+
+def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
+    """Spread the measured profiling overhead over the host-side ops: off their gaps first,
+    then their own times. Returns a note (nothing when the profiled steps were not slower)."""
+    if ov.profiled_us <= ov.unprofiled_us:
+        return []
+    host = [o for o in ops.values() if o.device.startswith("cpu") and (o.dur > 0 or o.gap > 0)]
+    if not host:
+        return []
+    delta = (ov.profiled_us - ov.unprofiled_us) / len(host)
+    for o in host:
+        cut = min(o.gap, delta)
+        o.gap -= cut
+        o.dur = max(0.0, o.dur - (delta - cut))
+    return [f"profiling overhead {ov.pct:+.1f}% measured by the recorder ({ov.unprofiled_us / 1e3:.2f} ms per step "
+            f"unprofiled): {delta:.1f} µs taken off each of {len(host)} host-side ops"]

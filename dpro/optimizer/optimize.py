@@ -221,7 +221,10 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         if fit is not None and peak_after > fit.budget_bytes:
             notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
                          "strategy without them")
-    gap = 100.0 * (base["job as profiled"] - r.predicted_iteration_us) / r.predicted_iteration_us
+    ov = model.overhead  # the model is of the job unprofiled: compare with the replay scaled alike
+    expect = r.predicted_iteration_us * (ov.unprofiled_us / ov.profiled_us if ov and ov.profiled_us > ov.unprofiled_us
+                                         else 1.0)
+    gap = 100.0 * (base["job as profiled"] - expect) / expect
     if abs(gap) > 2.0:
         notes.append(f"the optimizer's one-worker model differs from the full replay by {gap:+.1f}% on the job as profiled")
     return OptimizeResult(

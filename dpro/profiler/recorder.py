@@ -18,6 +18,7 @@ import atexit
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -67,6 +68,7 @@ class Recorder:
     ) -> None:
         self.config = RecordConfig.resolve(out_dir, warmup, steps)
         self.calls = 0
+        self.step_wall_us: list[float] = []
         self.done = False
         self._lock = threading.Lock()
         self._backend: Backend | None = None
@@ -112,12 +114,20 @@ class Recorder:
     def wrap(self, fn: F) -> F:
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:
-            state = self._begin() if not self.done else None
+            if self.done:
+                return fn(*args, **kwargs)
+            state = self._begin()
+            t0 = time.perf_counter()
             try:
                 out = fn(*args, **kwargs)
             except BaseException:
                 self._end(state, failed=True)
                 raise
+            # wall time of every call up to the window's end, warm-up included: the
+            # unprofiled pace the profiler's overhead is measured against
+            self.step_wall_us.append((time.perf_counter() - t0) * 1e6)
+            if self._backend is not None:
+                self._backend.step_wall_us = self.step_wall_us  # type: ignore[attr-defined]
             self._end(state, failed=False)
             return out
 

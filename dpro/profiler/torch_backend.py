@@ -207,6 +207,8 @@ class TorchBackend:
             "buckets": [self.buckets[k] for k in sorted(self.buckets)],
             "memory": self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
             **({"compile": compiled} if compiled else {}),
+            # wall µs of each call of the step function, warm-up and window (dpro.profiler.overhead)
+            "step_wall_us": list(getattr(self, "step_wall_us", [])),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None

@@ -1,0 +1,55 @@
+"""The profiler's own cost, measured by the recorder, and how to take it out.
+
+dpro's recorder times every call of the decorated step function (``rank<r>.meta.json
+["step_wall_us"]``), so each rank knows its pace without the profiler (the warm-up calls,
+first half skipped: lazy initialisation) and with it (the window, first step skipped:
+the profiler starting). The difference, spread evenly over the step's host-side ops, is
+what :func:`dpro.optimizer.model.job_model` removes from their host gaps (then their own
+times) so that the optimizer predicts the job as it runs unprofiled.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from dpro.gtrace.schema import NodeTrace
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Median wall µs of a step without and with the profiler (the recorder's clock)."""
+
+    unprofiled_us: float
+    profiled_us: float
+
+    @property
+    def pct(self) -> float:
+        return 100.0 * (self.profiled_us / self.unprofiled_us - 1.0)
+
+    def to_json(self) -> dict:
+        return {"unprofiled_step_us": self.unprofiled_us, "profiled_step_us": self.profiled_us,
+                "overhead_pct": self.pct}
+
+
+def measured_overhead(nt: NodeTrace) -> Overhead | None:
+    """The node's profiling overhead, or None without enough warm-up calls (>= 4) timed."""
+    walls = nt.meta.get("step_wall_us") if isinstance(nt.meta, dict) else None
+    steps = nt.meta.get("steps") if isinstance(nt.meta, dict) else None
+    if not isinstance(walls, list) or not isinstance(steps, list) or not steps:
+        return None
+    first = int(min(steps))
+    warm = [float(w) for w in walls[:first]]
+    window = [float(w) for w in walls[first:]]
+    if len(warm) < 4 or not window:
+        return None
+    window = window[1:] or window
+    return Overhead(statistics.median(warm[len(warm) // 2:]), statistics.median(window))
+
+
+def job_overhead(nodes: list[NodeTrace]) -> Overhead | None:
+    """Median over the nodes that measured one."""
+    ovs = [o for o in (measured_overhead(nt) for nt in nodes) if o is not None]
+    if not ovs:
+        return None
+    return Overhead(statistics.median(o.unprofiled_us for o in ovs), statistics.median(o.profiled_us for o in ovs))

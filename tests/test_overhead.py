@@ -1,0 +1,37 @@
+"""The recorder's own overhead: measured from its step timings, taken out of the optimizer's ops."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpro.gtrace.schema import NodeInfo, NodeTrace
+from dpro.optimizer.model import CompOp, _remove_overhead
+from dpro.replayer.overhead import Overhead, job_overhead, measured_overhead
+
+
+def node(walls: list[float], steps: list[int]) -> NodeTrace:
+    nt = NodeTrace(NodeInfo("worker0", "worker", 0, "h"))
+    nt.meta = {"step_wall_us": walls, "steps": steps}
+    return nt
+
+
+def test_measured_overhead_from_the_recorders_step_timings():
+    # 6 warm-up calls (first half skipped: lazy initialisation), 4 profiled (first skipped)
+    nt = node([900, 500, 130, 100, 102, 98, 300, 121, 119, 120], [6, 7, 8, 9])
+    ov = measured_overhead(nt)
+    assert ov == Overhead(100.0, 120.0)
+    assert ov.pct == pytest.approx(20.0)
+    assert measured_overhead(node([900, 100, 100], [3, 4])) is None  # too few warm-up calls
+    assert measured_overhead(NodeTrace(NodeInfo("w", "worker", 0, "h"))) is None  # imported trace: nothing
+    assert job_overhead([nt, node([1, 1, 1, 110, 110, 110, 0, 130, 130, 130], [6, 7, 8, 9])]) == Overhead(105.0, 125.0)
+
+
+def test_overhead_is_taken_off_gaps_first_then_own_times():
+    ops = {"a": CompOp("a", "a", "FW", "cpu:main", 10.0, 1.0, 0.0), "b": CompOp("b", "b", "BW", "cpu:main", 10.0, 8.0, 1.0),
+           "k": CompOp("k", "k", "FW", "cuda:0", 50.0, 0.0, 2.0)}  # a GPU kernel pays no host-side overhead
+    notes = _remove_overhead(Overhead(100.0, 110.0), ops)  # 10 µs over the 2 host-side ops: 5 each
+    assert (ops["a"].gap, ops["a"].dur) == (0.0, 6.0)
+    assert (ops["b"].gap, ops["b"].dur) == (3.0, 10.0)
+    assert (ops["k"].gap, ops["k"].dur) == (0.0, 50.0)
+    assert notes and "+10.0%" in notes[0]
+    assert _remove_overhead(Overhead(100.0, 90.0), ops) == []  # profiled faster: nothing to remove
