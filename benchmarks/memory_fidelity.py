@@ -130,17 +130,59 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rss0 = _rss_bytes()
-    model, make_batch, loss_fn, bs = _build(args.model)
-    bs = args.batch_size or bs
-    if args.checkpoint:
-        from dpro.optimizer.apply import checkpoint_modules
 
-        checkpoint_modules(model, args.checkpoint.split(","))
-    k = args.accum
-    if args.compile:
-        model.compile()
-    ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)
-    opt = _optimizer(args.optimizer, ddp.parameters())
+    def setup(changed: bool):
+        """(inner model, DDP, optimizer, step function); ``changed``: with this run's change."""
+        model, make_batch, loss_fn, bs = _build(args.model)
+        bs = args.batch_size or bs
+        k = args.accum if changed else 1
+        amp = args.amp and changed
+        if args.checkpoint and changed:
+            from dpro.optimizer.apply import checkpoint_modules
+
+            checkpoint_modules(model, args.checkpoint.split(","))
+        if args.compile and changed:
+            model.compile()
+        ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)
+        opt = _optimizer(args.optimizer, ddp.parameters())
+
+        def train_one_step(i: int) -> float:
+            x, y = make_batch(bs)
+            opt.zero_grad(set_to_none=args.set_to_none)
+            if k == 1:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                    loss = loss_fn(ddp(x), y)
+                loss.backward()
+            else:  # gradient accumulation: k micro-batches, DDP synchronises the last one only
+                for j, (xj, yj) in enumerate(zip(x.split(bs // k), y.split(bs // k))):
+                    with ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
+                        loss = loss_fn(ddp(xj), yj) / k
+                        loss.backward()
+            opt.step()
+            return float(loss)
+
+        return model, ddp, train_one_step
+
+    def timed(step, i: int) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        step(i)
+        return (time.perf_counter() - t0) * 1e6
+
+    if args.time_ab:
+        # the unchanged (A) and the changed (B) job in one process, steps alternating: the
+        # machine's drift between runs (up to +-30 % here) hits both alike
+        _, _, step_a = setup(False)
+        _, _, step_b = setup(True)
+        a, b = [], []
+        for i in range(args.steps):
+            a.append(timed(step_a, i))
+            b.append(timed(step_b, i))
+        Path(args.time_ab).mkdir(parents=True, exist_ok=True)
+        Path(args.time_ab, f"rank{dist.get_rank()}.json").write_text(json.dumps({"a_us": a[WARMUP:], "b_us": b[WARMUP:]}))
+        dist.destroy_process_group()
+        return
+    model, ddp, train_one_step = setup(True)
     prof = None
     if args.truth:
         from torch.profiler import ProfilerActivity, profile, record_function
@@ -151,28 +193,8 @@ def worker(args: argparse.Namespace) -> None:
         prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         prof.start()
 
-    def train_one_step(i: int) -> float:
-        x, y = make_batch(bs)
-        opt.zero_grad(set_to_none=args.set_to_none)
-        if k == 1:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
-                loss = loss_fn(ddp(x), y)
-            loss.backward()
-        else:  # gradient accumulation: k micro-batches, DDP synchronises the last one only
-            for j, (xj, yj) in enumerate(zip(x.split(bs // k), y.split(bs // k))):
-                with ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
-                    loss = loss_fn(ddp(xj), yj) / k
-                    loss.backward()
-        opt.step()
-        return float(loss)
-
     if args.time:
-        times = []
-        for i in range(args.steps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            train_one_step(i)
-            times.append((time.perf_counter() - t0) * 1e6)
+        times = [timed(train_one_step, i) for i in range(args.steps)]
         Path(args.time).mkdir(parents=True, exist_ok=True)
         Path(args.time, f"rank{dist.get_rank()}.json").write_text(json.dumps({"step_us": times[WARMUP:]}))
         dist.destroy_process_group()
@@ -268,6 +290,7 @@ def main() -> None:
     ap.add_argument("--bucket-view", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--truth", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--time", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--time-ab", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", default="", help=argparse.SUPPRESS)
     ap.add_argument("--accum", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)

@@ -16,9 +16,9 @@ For each case:
    ``torch.autocast("cpu", dtype=torch.bfloat16)``) runs twice without dpro:
    once under torch.profiler with ``profile_memory=True`` (the measured peak, rebuilt
    from the allocator's events as in benchmarks/memory_fidelity.py), once timed with
-   ``perf_counter`` around each step (median over ranks and steps);
-3. the unchanged job is timed the same way, for the predicted and measured ratios
-   (``--repeats`` runs of each, interleaved; medians).
+   ``perf_counter`` around each step (median over ranks and steps), in the same processes
+   as the unchanged job, their steps alternating (``--time-ab``: the machine's drift
+   between runs, up to ±30 % here, hits both alike); ``--repeats`` such runs, medians.
 
 The profiled run pays the profiler's overhead, so its predicted times are compared in
 absolute terms and as the ratio changed / unchanged (which cancels the overhead).
@@ -69,15 +69,18 @@ def _change_args(recompute: tuple[str, ...], k: int, amp: bool | str) -> list[st
             *(["--compile"] if amp == "compile" else ["--amp"] if amp else [])]
 
 
-def _timed(config: str, extra: list[str], out: Path) -> float:
+def _timed_ab(config: str, extra: list[str], out: Path) -> tuple[float, float]:
+    """Median step µs of the unchanged and the changed job, run in the same processes with
+    their steps alternating (memory_fidelity.py --time-ab)."""
     model, opt, set_to_none, view = mf.CONFIGS[config]
-    _run(mf._job(["--time", str(out), "--steps", str(mf.WARMUP + TIMED_STEPS), *extra], model, opt, set_to_none, view),
-         f"timing run {extra}")
-    steps = [t for f in sorted(out.glob("rank*.json")) for t in json.loads(f.read_text())["step_us"]]
-    return statistics.median(steps)
+    _run(mf._job(["--time-ab", str(out), "--steps", str(mf.WARMUP + TIMED_STEPS), *extra], model, opt, set_to_none,
+                 view), f"timing run {extra}")
+    rows = [json.loads(f.read_text()) for f in sorted(out.glob("rank*.json"))]
+    return (statistics.median([t for r in rows for t in r["a_us"]]),
+            statistics.median([t for r in rows for t in r["b_us"]]))
 
 
-def run_case(name: str, work: Path, repeats: int = 3) -> dict:
+def run_case(name: str, work: Path, repeats: int = 2) -> dict:
     from dpro.graph.global_dfg import BuildOptions
     from dpro.gtrace.io import load_gtrace
     from dpro.optimizer.memory_search import evaluate_memory
@@ -122,11 +125,13 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
     change = _change_args(recompute, k, amp)
     _run(mf._job(["--truth", str(d / "truth"), *change], model, opt, set_to_none, view), "measurement run")
     meas_peak = max(max(json.loads(f.read_text())["peaks"].values()) for f in (d / "truth").glob("rank*.json"))
-    # interleaved, so that a slow spell of the machine hits both alike; medians over rounds
+    # both jobs in the same processes, steps alternating (the machine drifts by up to +-30 %
+    # between runs here); medians over ``repeats`` such runs
     tb, tc = [], []
     for i in range(repeats):
-        tb.append(_timed(config, [], d / f"time-base{i}"))
-        tc.append(_timed(config, change, d / f"time-change{i}"))
+        a, b = _timed_ab(config, change, d / f"time-ab{i}")
+        tb.append(a)
+        tc.append(b)
     t_base, t_change = statistics.median(tb), statistics.median(tc)
     return {
         "case": name, "recompute": list(recompute), "accumulation_steps": k, "amp": amp,
@@ -147,7 +152,7 @@ def run_case(name: str, work: Path, repeats: int = 3) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each of unchanged / changed (interleaved)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs (unchanged and changed alternating in each)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--work", type=Path, default=None, help="keep traces here (default: a temporary dir)")
     args = ap.parse_args()
