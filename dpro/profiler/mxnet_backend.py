@@ -12,7 +12,11 @@ Worker (:class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block):
   learn every key's parameter name, shape and bytes (the wrapper only records, then calls
   the original);
 * step markers (wall clock, the same epoch µs clock), with ``mx.nd.waitall()`` at the end
-  of every profiled step so that a step's asynchronous work stays inside its marker.
+  of every profiled step so that a step's asynchronous work stays inside its marker;
+* memory (:mod:`dpro.profiler.mxnet_memory`): the profiler also runs with
+  ``profile_memory=True`` (the CPU storage counter), the ``gluon.Trainer`` objects that step
+  in the window are noted, and the static arrays (parameters, gradients, worker-side
+  optimizer state, BatchNorm statistics) go to ``rank<r>.meta.json["memory"]``.
 
 Server (:func:`run_ps_node`, what ``examples/mxnet/launch_local.py`` runs for the
 scheduler and the servers): MXNet's own server loop, with the optimizer's updater wrapped.
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro.profiler.config import ENV_DISABLE, ENV_OUT, ENV_STEPS, ENV_WARMUP, RecordConfig
+from dpro.profiler.mxnet_memory import TrainerWatch, static_facts
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,27 @@ class MXNetBackend:
         self._kv: Any = None
         self._orig: dict[str, Any] = {}
         self._tmp: Path | None = None
+        self._trainers = TrainerWatch()
+        self._pre_static = 0
+        self._counting_early = False
+        self._count_memory()
+
+    def _count_memory(self) -> None:
+        """Start MXNet's storage counter now (profiler on, memory only), before the first
+        forward: the warm-up's lasting allocations (deferred parameters, the engine's
+        temporary workspace, kvstore buffers) are then counted too (mxnet_memory)."""
+        mx = self.mx
+        try:
+            self._pre_static = int(static_facts(self.model, [])["static_bytes"])
+            self.config.out_dir.mkdir(parents=True, exist_ok=True)
+            self._tmp = Path(tempfile.mkdtemp(prefix=".mxprof-", dir=self.config.out_dir))
+            mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_memory=True,
+                                   profile_api=False, aggregate_stats=False,
+                                   filename=str(self._tmp / "profile.json"))
+            mx.profiler.set_state("run")
+            self._counting_early = True
+        except Exception as e:  # noqa: BLE001 - recording must not break training
+            log.warning("dpro: cannot start MXNet's storage counter early: %s", e)
 
     # -- kvstore hook -------------------------------------------------------------------
     def _param_by_handle(self) -> dict[int, Any]:
@@ -145,10 +171,12 @@ class MXNetBackend:
     def start(self) -> None:
         mx = self.mx
         self.config.out_dir.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=".mxprof-", dir=self.config.out_dir))
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix=".mxprof-", dir=self.config.out_dir))
         mx.nd.waitall()
         self._hook()
-        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=False,
+        self._trainers.start()
+        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=True,
                                profile_api=False, aggregate_stats=False,
                                filename=str(self._tmp / "profile.json"))
         mx.profiler.set_state("run")
@@ -163,6 +191,7 @@ class MXNetBackend:
 
     def abort(self) -> None:
         self._unhook()
+        self._trainers.stop()
         try:
             self.mx.profiler.set_state("stop")
         except Exception:  # noqa: BLE001
@@ -179,11 +208,22 @@ class MXNetBackend:
             log.warning("dpro: the model is not hybridized: no symbol (layers come from op order only)")
         return None
 
+    def _memory_facts(self) -> dict | None:
+        try:
+            facts = static_facts(self.model, self._trainers.trainers)
+            facts["counter_started"] = "recorder" if self._counting_early else "window"
+            facts["static_before_counter"] = self._pre_static
+            return facts
+        except Exception as e:  # noqa: BLE001 - recording must not break training
+            log.warning("dpro: cannot read the static arrays for memory estimation: %s", e)
+            return None
+
     def stop_and_write(self) -> None:
         mx = self.mx
         mx.nd.waitall()
         mx.profiler.set_state("stop")
         self._unhook()
+        self._trainers.stop()
         assert self._tmp is not None
         mx.profiler.dump(finished=True)
         prof = self._tmp / "profile.json"
@@ -208,6 +248,7 @@ class MXNetBackend:
             "keys": [vars(k) for k in sorted(self.keys.values(), key=lambda k: k.key)],
             "params": [p.name for p in self.model.collect_params().values()],
             "symbol": self._symbol_json(),
+            "memory": self._memory_facts(),
         }
         (out / f"rank{rank}.meta.json").write_text(json.dumps(meta))
         log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)

@@ -36,6 +36,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
 from dpro.jsonio import read_json
 from dpro.profiler.mxnet_backend import SERVER_SUFFIX
+from dpro.profiler.mxnet_memory import COUNTER_CAT, attach_counter
 from dpro.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class WorkerRaw:
     steps: dict[int, tuple[float, float]]
     keys: dict[int, dict]
     ops: list[Interval] = field(default_factory=list)
+    #: the storage counter's events (``profile_memory=True``), for mxnet_memory
+    counters: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -106,9 +109,16 @@ def _read_worker(meta_path: Path) -> WorkerRaw:
     evs = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(evs, list):
         raise DproInputError(trace_path, "not an mx.profiler Chrome trace (no traceEvents list)")
+    mem = meta.get("memory")
+    if mem is not None and not (isinstance(mem, dict) and isinstance(mem.get("static"), dict)
+                                and all(isinstance(v, int) and v >= 0 for v in mem["static"].values())):
+        raise DproInputError(meta_path, "memory: expected {static: {kind: bytes >= 0}, ...}")
     w = WorkerRaw(rank, meta, trace_path, steps, keys)
     open_: dict[tuple[Any, Any], list[dict]] = defaultdict(list)
     for i, e in enumerate(evs):
+        if isinstance(e, dict) and e.get("ph") == "C" and e.get("cat") == COUNTER_CAT:
+            w.counters.append(e)
+            continue
         if not isinstance(e, dict) or e.get("cat") != "operator" or e.get("ph") not in ("B", "E"):
             continue
         ts = e.get("ts")
@@ -423,6 +433,7 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
     nt.edges = sorted(edges)
     nt.meta = {"framework_version": w.meta.get("framework_version"), "kvstore": w.meta.get("kvstore"),
                "keys": {str(k): v["name"] for k, v in keys.items()}}
+    attach_counter(nt, w.counters, w.meta.get("memory"))
     return nt
 
 

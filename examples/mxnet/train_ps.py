@@ -26,7 +26,26 @@ from mxnet import autograd, gluon
 import dpro
 
 
+MODELS = ("mlp", "conv", "resnet", "lstm")
+VOCAB = 1000
+
+
+class ResBlock(gluon.HybridBlock):
+    """conv-BN-relu-conv-BN plus the identity, then relu."""
+
+    def __init__(self, channels: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.body = gluon.nn.HybridSequential()
+        self.body.add(gluon.nn.Conv2D(channels, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
+                      gluon.nn.Activation("relu"), gluon.nn.Conv2D(channels, 3, padding=1, use_bias=False),
+                      gluon.nn.BatchNorm())
+
+    def hybrid_forward(self, F, x):  # noqa: N803 - Gluon's signature
+        return F.Activation(self.body(x) + x, act_type="relu")
+
+
 def build(model: str) -> tuple[gluon.HybridBlock, tuple[int, ...]]:
+    """The model and one sample's shape (``lstm``: token ids, see :func:`make_batch`)."""
     net = gluon.nn.HybridSequential()
     if model == "mlp":
         net.add(gluon.nn.Dense(1024, activation="relu"), gluon.nn.Dense(1024, activation="relu"),
@@ -37,14 +56,30 @@ def build(model: str) -> tuple[gluon.HybridBlock, tuple[int, ...]]:
                 gluon.nn.Conv2D(64, 3, padding=1, activation="relu"), gluon.nn.MaxPool2D(2),
                 gluon.nn.Flatten(), gluon.nn.Dense(256, activation="relu"), gluon.nn.Dense(10))
         shape = (3, 32, 32)
+    elif model == "resnet":
+        net.add(gluon.nn.Conv2D(32, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
+                ResBlock(32), ResBlock(32), gluon.nn.MaxPool2D(2), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(10))
+        shape = (3, 32, 32)
+    elif model == "lstm":
+        net.add(gluon.nn.Embedding(VOCAB, 128), gluon.rnn.LSTM(256, num_layers=2, layout="NTC"), gluon.nn.Dense(10))
+        shape = (35,)
     else:
-        raise SystemExit(f"unknown model {model!r} (mlp, conv)")
+        raise SystemExit(f"unknown model {model!r} ({', '.join(MODELS)})")
     return net, shape
+
+
+def make_batch(model: str, batch: int, shape: tuple[int, ...]) -> tuple[mx.nd.NDArray, mx.nd.NDArray]:
+    """A synthetic batch: inputs (token ids for ``lstm``) and class labels."""
+    if model == "lstm":
+        x = mx.nd.random.randint(0, VOCAB, shape=(batch, *shape)).astype("float32")
+    else:
+        x = mx.nd.random.uniform(shape=(batch, *shape))
+    return x, mx.nd.random.randint(0, 10, shape=(batch,)).astype("float32")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="mlp", choices=["mlp", "conv"])
+    ap.add_argument("--model", default="mlp", choices=list(MODELS))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=0, help="total steps (default: warm-up + profiled + 10)")
     ap.add_argument("--kvstore", default="dist_sync")
@@ -58,8 +93,7 @@ def main() -> None:
     kv = mx.kv.create(a.kvstore)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    x = mx.nd.random.uniform(shape=(a.batch, *shape))
-    y = mx.nd.random.randint(0, 10, shape=(a.batch,)).astype("float32")
+    x, y = make_batch(a.model, a.batch, shape)
 
     recorder = dpro.Recorder(net)                       # dpro line 1
 
