@@ -49,6 +49,9 @@ def test_gtrace_complete(profiled):
     assert gt.manifest.library == "horovod" and gt.manifest.world_size == 2
     assert sorted(nt.info.rank for nt in gt.nodes.values()) == [0, 1]
     assert len(gt.manifest.steps) >= 4 and set(gt.manifest.steps) <= set(range(4, 14))
+    # rank 0's Horovod timeline writer (it spins while HOROVOD_TIMELINE is set) was found and idled
+    assert isinstance(gt.nodes["worker0"].meta.get("horovod_writer_thread"), int)
+    assert gt.nodes["worker1"].meta.get("horovod_writer_thread") is None
     sys.path.insert(0, str(EXAMPLE.parent))
     from models import build
 

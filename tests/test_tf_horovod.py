@@ -228,3 +228,13 @@ def test_bad_recording_is_one_line_error(profiled, tmp_path, change, problem):
     with pytest.raises(DproInputError) as e:
         collect_tf(raw, progress=False)
     assert problem in str(e.value) and "rank0.json.gz" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_timeline_writer_runs_at_idle_priority(profiled):
+    """Rank 0's Horovod timeline writer spins for the whole job once HOROVOD_TIMELINE is set
+    (dpro profile sets DYNAMIC): the recorder found it and moved it to SCHED_IDLE."""
+    tid = json.loads((profiled / "raw" / "rank0.meta.json").read_text()).get("horovod_writer_thread")
+    assert isinstance(tid, int) and tid > 0
+    assert json.loads((profiled / "raw" / "rank1.meta.json").read_text()).get("horovod_writer_thread") is None
+    gt = load_gtrace(profiled)
+    assert len(gt.nodes["worker0"].meta["step_wall_us"]) == WARMUP + STEPS

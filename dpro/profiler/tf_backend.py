@@ -42,6 +42,7 @@ from typing import Any
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
 from dpro.profiler.horovod import start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod_writer import idle_timeline_writer
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,11 @@ class TFBackend:
         self.steps: list[int] = []
         self.active = False
         self._hvd: Any = None
+        self.writer_tid = idle_timeline_writer("horovod.tensorflow")
 
     def start(self) -> None:
+        if self.writer_tid is None:  # the Recorder was made before hvd.init()
+            self.writer_tid = idle_timeline_writer("horovod.tensorflow")
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                              device_tracer_level=1)
@@ -229,6 +233,10 @@ class TFBackend:
                 "steps": self.steps,
                 "model": type(self.model).__name__,
                 "params": _variables(self.model),
+                # wall µs of each call of the step function, warm-up and window (dpro.replayer.overhead)
+                "step_wall_us": list(getattr(self, "step_wall_us", [])),
+                # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
+                "horovod_writer_thread": self.writer_tid,
             })
             log.info("dpro: rank %d wrote its trace to %s", rank, out)
         finally:

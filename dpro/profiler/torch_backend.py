@@ -30,6 +30,7 @@ from dpro.profiler.config import RecordConfig
 from dpro.profiler.torch_compile_probe import CompileProbe, enabled as compile_probe_enabled
 from dpro.profiler.torch_memory import MemoryWatch
 from dpro.profiler.horovod import start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod_writer import idle_timeline_writer
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class TorchBackend:
         if self.compile_probe is not None:
             self.compile_probe.start()  # before the window: its input copies are not profiled
         self._install_comm_hook()
+        self.writer_tid = idle_timeline_writer("horovod.torch")
 
     # ---------------------------------------------------------------- DDP buckets
     def _install_comm_hook(self) -> None:
@@ -138,6 +140,8 @@ class TorchBackend:
         if torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters()):
             acts.append(ProfilerActivity.CUDA)
         self._install_layer_hooks()
+        if self.writer_tid is None:  # the Recorder was made before hvd.init()
+            self.writer_tid = idle_timeline_writer("horovod.torch")
         self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
         self.memory.start()
         self.prof = profile(activities=acts, record_shapes=True, profile_memory=True)
@@ -209,6 +213,8 @@ class TorchBackend:
             **({"compile": compiled} if compiled else {}),
             # wall µs of each call of the step function, warm-up and window (dpro.profiler.overhead)
             "step_wall_us": list(getattr(self, "step_wall_us", [])),
+            # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
+            "horovod_writer_thread": self.writer_tid,
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None
