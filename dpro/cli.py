@@ -98,7 +98,8 @@ def replay(
     """Replay one training iteration of the job traced in PATH.
 
     PATH is a gTrace directory or a directory of torch.profiler traces (one file per
-    rank). Prints the predicted iteration time next to the one measured in the trace.
+    rank). Prints the predicted iteration time next to the one measured in the trace and,
+    where dpro's recorder measured its own overhead, the prediction without it.
     """
     from dpro.graph.global_dfg import BuildOptions
     from dpro.loader import open_trace
@@ -115,10 +116,16 @@ def replay(
     from dpro.replayer.overhead import job_overhead
 
     ov = job_overhead(gt.workers())
+    # the job as it runs unprofiled: each worker's measured overhead off its host-side ops
+    unprof = None
+    if ov is not None and ov.profiled_us > ov.unprofiled_us:
+        unprof = run_replay(gt, BuildOptions(expand_collectives=not no_expand, remove_overhead=True),
+                            align_clocks=not no_align).predicted_iteration_us
     if as_json:
         out = res.to_json()
         out["memory"] = {w: m.to_json() for w, m in memory.items()}
         out["profiling_overhead"] = ov.to_json() if ov is not None else None
+        out["predicted_unprofiled_iteration_us"] = unprof
         sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
         return
     from dpro.report import print_replay
@@ -127,6 +134,8 @@ def replay(
     if ov is not None:
         click.echo(f"  profiling overhead (recorder's clock): {ov.pct:+.1f}% ({ov.unprofiled_us / 1e3:.2f} ms per step "
                    f"before the window, {ov.profiled_us / 1e3:.2f} ms in it)")
+    if unprof is not None:
+        click.echo(f"  predicted iteration without the profiling overhead: {unprof / 1e3:.2f} ms")
     for w, m in memory.items():
         if m.source == "allocations":
             click.echo(f"  {w}: predicted peak memory {m.peak_bytes / 2**20:.1f} MiB at {m.peak_us / 1e3:.1f} ms "

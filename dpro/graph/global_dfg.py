@@ -36,6 +36,9 @@ class BuildOptions:
     link_cost: LinkCost | None = None
     #: restrict to these steps (default: the manifest's)
     steps: list[int] | None = None
+    #: take each worker's measured profiling overhead (dpro.replayer.overhead) off its
+    #: host-side ops: predict the job as it runs unprofiled
+    remove_overhead: bool = False
 
 
 @dataclass
@@ -131,12 +134,30 @@ def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict
     return out
 
 
+def _remove_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> None:
+    """Each worker's measured profiling overhead off its host-side computation ops."""
+    from dpro.replayer.overhead import measured_overhead, spread_overhead
+
+    for name, nt in gt.nodes.items():
+        ov = measured_overhead(nt) if nt.info.role == "worker" else None
+        if ov is None:
+            continue
+        host = [stats[name][op.id] for op in nt.ops.values() if op.cat != "COMM" and op.device.startswith("cpu")
+                and op.id in stats[name] and (stats[name][op.id].dur > 0 or stats[name][op.id].gap > 0)]
+        delta = spread_overhead(ov, host)
+        if delta:
+            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {delta:.1f} µs "
+                              f"off each of {len(host)} host-side ops")
+
+
 def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[CompiledGraph, BuildInfo]:
     """Build the global DFG of ``gt`` ready for replay."""
     opts = options or BuildOptions()
     info = BuildInfo()
     steps = opts.steps or gt.manifest.steps or None
     stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
+    if opts.remove_overhead:
+        _remove_overhead(gt, stats, info)
     present = {nt.info.rank: name for name, nt in gt.nodes.items() if nt.info.role == "worker"}
 
     # Coarse AllReduce transactions whose whole group is present get expanded.

@@ -25,7 +25,7 @@ from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.replayer.overhead import Overhead, measured_overhead
+from dpro.replayer.overhead import Overhead, measured_overhead, spread_overhead
 
 log = logging.getLogger(__name__)
 
@@ -220,15 +220,9 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
 def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
     """Spread the measured profiling overhead over the host-side ops: off their gaps first,
     then their own times. Returns a note (nothing when the profiled steps were not slower)."""
-    if ov.profiled_us <= ov.unprofiled_us:
-        return []
     host = [o for o in ops.values() if o.device.startswith("cpu") and (o.dur > 0 or o.gap > 0)]
-    if not host:
+    delta = spread_overhead(ov, host)
+    if not delta:
         return []
-    delta = (ov.profiled_us - ov.unprofiled_us) / len(host)
-    for o in host:
-        cut = min(o.gap, delta)
-        o.gap -= cut
-        o.dur = max(0.0, o.dur - (delta - cut))
     return [f"profiling overhead {ov.pct:+.1f}% measured by the recorder ({ov.unprofiled_us / 1e3:.2f} ms per step "
             f"unprofiled): {delta:.1f} µs taken off each of {len(host)} host-side ops"]

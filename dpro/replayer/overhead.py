@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from dpro.gtrace.schema import NodeTrace
 
@@ -47,6 +48,21 @@ def measured_overhead(nt: NodeTrace) -> Overhead | None:
         return None
     window = window[1:] or window
     return Overhead(min(warm[len(warm) // 2:]), min(window))
+
+
+def spread_overhead(ov: Overhead, host: list[Any]) -> float:
+    """Take the overhead off ``host`` (the step's host-side ops: objects with mutable ``dur``
+    and ``gap`` µs), an equal share each, off the gap first, then the own time.
+
+    Returns the share per op (0 when the profiled steps were not slower)."""
+    if ov.profiled_us <= ov.unprofiled_us or not host:
+        return 0.0
+    delta = (ov.profiled_us - ov.unprofiled_us) / len(host)
+    for o in host:
+        cut = min(o.gap, delta)
+        o.gap -= cut
+        o.dur = max(0.0, o.dur - (delta - cut))
+    return delta
 
 
 def job_overhead(nodes: list[NodeTrace]) -> Overhead | None:
