@@ -125,6 +125,9 @@ class JobResult:
     predicted_ms: float | None = None
     error_pct: float | None = None
     overhead_pct: float | None = None
+    #: dpro's prediction with the recorder's measured overhead removed (recorder traces only)
+    predicted_unprofiled_ms: float | None = None
+    error_unprofiled_pct: float | None = None
     profiled_ms: float | None = None
     measured_steps_ms: list[float] = field(default_factory=list)
     measured_run_medians_ms: list[float] = field(default_factory=list)
@@ -559,12 +562,20 @@ def _fill_replay(res: JobResult, trace_dir: Path, opts: argparse.Namespace, log:
         res.replay_error = "replay JSON has no numeric predicted_iteration_us"
     if res.predicted_ms is not None and res.measured_ms:
         res.error_pct = 100.0 * (res.predicted_ms / res.measured_ms - 1.0)
+    unprof = _number(doc, "predicted_unprofiled_iteration_us")
+    if unprof is None and "predicted_unprofiled_iteration_us" in doc:
+        unprof = pred  # the recorder measured no overhead: nothing removed
+    if unprof is not None:
+        res.predicted_unprofiled_ms = unprof / 1e3
+        if res.measured_ms:
+            res.error_unprofiled_pct = 100.0 * (res.predicted_unprofiled_ms / res.measured_ms - 1.0)
 
 
 # ----------------------------------------------------------------------------- output
 
 COLUMNS = (("job", 21), ("ranks", 5), ("cap", 9), ("measured ms", 11), ("noise %", 7),
-           ("trace ms", 9), ("predicted ms", 12), ("error %", 8), ("prof ovh %", 10))
+           ("trace ms", 9), ("predicted ms", 12), ("error %", 8), ("prof ovh %", 10),
+           ("pred-ovh ms", 11), ("error %", 8))
 
 
 def _fmt(val: float | None, signed: bool = False) -> str:
@@ -579,7 +590,8 @@ def table_row(r: JobResult) -> list[str]:
     cap = "loopback" if r.cap_mbit is None else f"{r.cap_mbit:g}Mbit"
     return [r.job, str(r.ranks), cap, _fmt(r.measured_ms), _fmt(r.noise_pct), _fmt(r.trace_ms),
             _fmt(r.predicted_ms),
-            _fmt(r.error_pct, signed=True), _fmt(r.overhead_pct, signed=True)]
+            _fmt(r.error_pct, signed=True), _fmt(r.overhead_pct, signed=True),
+            _fmt(r.predicted_unprofiled_ms), _fmt(r.error_unprofiled_pct, signed=True)]
 
 
 def _foreign_load_note(r: JobResult) -> str | None:
@@ -613,6 +625,8 @@ def write_json(path: Path, results: Sequence[JobResult], opts: argparse.Namespac
             "error_pct": "100 * (predicted / measured - 1)",
             "overhead_pct": "100 * (profiled / measured - 1)",
             "trace_ms": "dpro's measured_iteration_us (read from the trace)",
+            "predicted_unprofiled_ms": "dpro's predicted_unprofiled_iteration_us: the recorder's measured "
+                                       "overhead removed (recorder traces; torch.profiler traces have none)",
         },
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
         "host": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
