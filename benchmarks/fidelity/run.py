@@ -49,6 +49,7 @@ import fnmatch
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -67,6 +68,7 @@ from netns import NetnsCluster, install_teardown_signals, restore_signals, tbf_a
 TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_ddp.py"
 HVD_TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_horovod.py"
 HVD_RECORDER_SCRIPT = REPO / "examples" / "pytorch" / "hvd_recorder.py"
+DDP_RECORDER_SCRIPT = REPO / "examples" / "pytorch" / "ddp_recorder.py"
 HVD_NETNS_SCRIPT = Path(__file__).resolve().parent / "hvd_netns.py"
 #: Horovod (gloo) jobs: loopback only (horovodrun across namespaces is not set up here)
 HVD_MODELS = ("mlp", "transformer")
@@ -223,11 +225,40 @@ def dpro_profile_command(job: Job, opts: argparse.Namespace, run_dir: Path, net:
             *horovodrun_command(job, opts, HVD_RECORDER_SCRIPT, args, net)]
 
 
-def torchrun_command(job: Job, opts: argparse.Namespace, port: int, args: list[str]) -> list[str]:
+def torchrun_command(job: Job, opts: argparse.Namespace, port: int, args: list[str],
+                     script: Path = TRAIN_SCRIPT) -> list[str]:
     """One ``torchrun`` command launching all ranks over loopback."""
     torchrun = str(Path(opts.python).parent / "torchrun")
     return [torchrun, "--nproc_per_node", str(job.world), "--master_addr", "127.0.0.1",
-            "--master_port", str(port), str(TRAIN_SCRIPT), *args]
+            "--master_port", str(port), str(script), *args]
+
+
+def ddp_recorder_commands(job: Job, opts: argparse.Namespace, run_dir: Path, port: int,
+                          net: NetnsCluster | None) -> list[list[str]]:
+    """The profiled DDP run with dpro's two-line recorder (``--ddp-recorder``).
+
+    Loopback: ``dpro profile -- torchrun ... ddp_recorder.py`` (trace in run_dir/trace).
+    Capped: one command per namespace with the environment ``dpro profile`` would set (the
+    ranks write to run_dir/recorder_raw); :func:`collect_recorder_raw` merges it afterwards."""
+    args = ["--model", job.model, "--steps", str(opts.warmup + opts.active + 1)]
+    if opts.batch_size:
+        args += ["--batch-size", str(opts.batch_size)]
+    if net is None:
+        return [[opts.python, "-m", "dpro.cli", "profile", "-o", str(run_dir / "trace"), "--force",
+                 "--warmup", str(opts.warmup), "--steps", str(opts.active), "--",
+                 *torchrun_command(job, opts, port, args, DDP_RECORDER_SCRIPT)]]
+    env = [f"DPRO_TRACE_DIR={run_dir / 'recorder_raw'}", f"DPRO_WARMUP={opts.warmup}", f"DPRO_STEPS={opts.active}"]
+    return [net.exec_prefix(r) + ["env", *net.env_assignments(r, port), *env, opts.python,
+                                  str(DDP_RECORDER_SCRIPT), *args] for r in range(net.n)]
+
+
+def collect_recorder_raw(opts: argparse.Namespace, run_dir: Path, log: Logger) -> str | None:
+    """``dpro collect`` of what the namespaced ranks recorded; an error message or None."""
+    cmd = [opts.python, "-m", "dpro.cli", "collect", str(run_dir / "recorder_raw"), "-o", str(run_dir / "trace"),
+           "--force"]
+    log("$ " + " ".join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.replay_timeout)
+    return None if r.returncode == 0 else f"dpro collect failed: {(r.stdout + r.stderr).strip()[-500:]}"
 
 
 def netns_commands(net: NetnsCluster, opts: argparse.Namespace, port: int,
@@ -360,18 +391,24 @@ def launch(job: Job, opts: argparse.Namespace, net: NetnsCluster | None, ports: 
     profiled = tag == "profiled"
     args = train_args(job, opts, run_dir, tag, profiled)
     port = ports.take()
+    recorder = job.horovod or (opts.ddp_recorder and profiled)  # profiled by dpro's recorder
     if job.horovod:
         cmds = [dpro_profile_command(job, opts, run_dir, net) if profiled
                 else horovodrun_command(job, opts, HVD_TRAIN_SCRIPT, args, net)]
+    elif recorder:
+        shutil.rmtree(run_dir / "recorder_raw", ignore_errors=True)
+        cmds = ddp_recorder_commands(job, opts, run_dir, port, net)
     else:
         cmds = [torchrun_command(job, opts, port, args)] if net is None else netns_commands(net, opts, port, args)
     if opts.wait_quiet > 0:
         wait_for_quiet(opts.wait_quiet, FOREIGN_CPU_WARN_PCT, log)
     t0, cpu0 = time.monotonic(), CpuMeter()
     err = run_processes(cmds, run_dir / f"logs_{tag}", opts.run_timeout, log)
+    if err is None and recorder and not job.horovod and net is not None:
+        err = collect_recorder_raw(opts, run_dir, log)
     res = RunResult(ok=err is None, wall_s=time.monotonic() - t0, commands=cmds, error=err,
                     foreign_cpu_pct=cpu0.foreign_pct())
-    if res.ok and not (job.horovod and profiled):  # the recorder writes no timing file
+    if res.ok and not (recorder and profiled):  # the recorder writes no timing file
         try:
             res.timings = [json.loads((run_dir / f"timing_{tag}_rank{r}.json").read_text())
                            for r in range(job.world)]
@@ -492,7 +529,7 @@ def run_job(job: Job, opts: argparse.Namespace, ports: PortAllocator, log: Logge
             p, steps = profiled_us(prof)
             res.profiled_ms, res.profiled_steps_ms = p / 1e3, [s / 1e3 for s in steps]
         _fill_replay(res, Path(res.trace_dir), opts, log)
-        if res.profiled_ms is None:  # Horovod: profiled by dpro's recorder; its steps are the trace's
+        if res.profiled_ms is None:  # profiled by dpro's recorder (Horovod, --ddp-recorder): the trace's steps
             res.profiled_ms = res.trace_ms
     if res.measured_ms and res.profiled_ms:
         res.overhead_pct = 100.0 * (res.profiled_ms / res.measured_ms - 1.0)
@@ -659,6 +696,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds per training run")
     p.add_argument("--replay-timeout", type=float, default=600.0, help="seconds per replay")
     p.add_argument("--no-replay", action="store_true", help="do not call dpro")
+    p.add_argument("--ddp-recorder", action="store_true",
+                   help="profile DDP jobs with dpro's two-line recorder (examples/pytorch/ddp_recorder.py under "
+                        "dpro profile) instead of train_ddp.py's own torch.profiler")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                    help=f"before each run wait up to S seconds for other processes to use < "
                         f"{FOREIGN_CPU_WARN_PCT:g}%% of the CPUs (default 0: do not wait)")
