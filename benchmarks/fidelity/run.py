@@ -398,6 +398,16 @@ def launch(job: Job, opts: argparse.Namespace, net: NetnsCluster | None, ports: 
     elif recorder:
         shutil.rmtree(run_dir / "recorder_raw", ignore_errors=True)
         cmds = ddp_recorder_commands(job, opts, run_dir, port, net)
+    elif opts.ddp_recorder:  # ground truth: the same script, recorder off, timed by itself
+        targs = ["--model", job.model, "--steps", str(opts.warmup + opts.timed), "--timing-skip", str(opts.warmup),
+                 "--timing-out", str(run_dir / f"timing_{tag}_rank{{rank}}.json")]
+        if opts.batch_size:
+            targs += ["--batch-size", str(opts.batch_size)]
+        if net is None:
+            cmds = [["env", "DPRO_DISABLE=1", *torchrun_command(job, opts, port, targs, DDP_RECORDER_SCRIPT)]]
+        else:
+            cmds = [net.exec_prefix(r) + ["env", *net.env_assignments(r, port), "DPRO_DISABLE=1", opts.python,
+                                          str(DDP_RECORDER_SCRIPT), *targs] for r in range(net.n)]
     else:
         cmds = [torchrun_command(job, opts, port, args)] if net is None else netns_commands(net, opts, port, args)
     if opts.wait_quiet > 0:
@@ -697,8 +707,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--replay-timeout", type=float, default=600.0, help="seconds per replay")
     p.add_argument("--no-replay", action="store_true", help="do not call dpro")
     p.add_argument("--ddp-recorder", action="store_true",
-                   help="profile DDP jobs with dpro's two-line recorder (examples/pytorch/ddp_recorder.py under "
-                        "dpro profile) instead of train_ddp.py's own torch.profiler")
+                   help="DDP jobs run examples/pytorch/ddp_recorder.py: profiled by dpro's two-line recorder under "
+                        "dpro profile, ground truth with the recorder off (DPRO_DISABLE=1), timed by the script; "
+                        "default: train_ddp.py and its own torch.profiler")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                    help=f"before each run wait up to S seconds for other processes to use < "
                         f"{FOREIGN_CPU_WARN_PCT:g}%% of the CPUs (default 0: do not wait)")

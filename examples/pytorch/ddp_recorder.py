@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--crash-at", type=int, default=None, help="raise in this step (to test failures)")
+    p.add_argument("--timing-out", default=None,
+                   help="write this rank's step times (µs) to this path ({rank} is replaced): an independent clock")
+    p.add_argument("--timing-skip", type=int, default=5, help="first steps left out of --timing-out")
     p.add_argument("--dpro-strategy", default=None,
                    help="a `dpro optimize -o` directory: use its ddp.json, memory.json, amp.json, compile.json")
     args = p.parse_args()
@@ -71,8 +75,16 @@ def main() -> None:
         return total
 
     t0 = time.perf_counter()
+    step_us = []
     for i in range(args.steps):
+        t1 = time.perf_counter()
         loss = train_one_step(i)
+        step_us.append((time.perf_counter() - t1) * 1e6)
+    if args.timing_out:
+        timed = step_us[args.timing_skip:]
+        Path(args.timing_out.format(rank=dist.get_rank())).write_text(json.dumps(
+            {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "model": args.model,
+             "step_us": timed, "profiler_us": [0.0] * len(timed)}))
     if dist.get_rank() == 0:
         print(f"{args.steps} steps in {time.perf_counter() - t0:.2f} s, last loss {loss:.4f}")
     dist.destroy_process_group()
