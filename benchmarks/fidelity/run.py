@@ -66,7 +66,6 @@ sys.path.insert(0, str(HERE))
 from netns import NetnsCluster, install_teardown_signals, restore_signals, tbf_args  # noqa: E402
 
 TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_ddp.py"
-HVD_TRAIN_SCRIPT = REPO / "examples" / "pytorch" / "train_horovod.py"
 HVD_RECORDER_SCRIPT = REPO / "examples" / "pytorch" / "hvd_recorder.py"
 DDP_RECORDER_SCRIPT = REPO / "examples" / "pytorch" / "ddp_recorder.py"
 HVD_NETNS_SCRIPT = Path(__file__).resolve().parent / "hvd_netns.py"
@@ -201,6 +200,15 @@ def train_args(job: Job, opts: argparse.Namespace, run_dir: Path, tag: str, prof
         args += ["--batch-size", str(opts.batch_size)]
     if profiled:
         args += ["--active", str(opts.active), "--profile-dir", str(run_dir / "trace")]
+    return args
+
+
+def recorder_truth_args(job: Job, opts: argparse.Namespace, run_dir: Path, tag: str) -> list[str]:
+    """Arguments of ``ddp_recorder.py`` / ``hvd_recorder.py`` for a ground-truth run (recorder off)."""
+    args = ["--model", job.model, "--steps", str(opts.warmup + opts.timed), "--timing-skip", str(opts.warmup),
+            "--timing-out", str(run_dir / f"timing_{tag}_rank{{rank}}.json")]
+    if opts.batch_size:
+        args += ["--batch-size", str(opts.batch_size)]
     return args
 
 
@@ -393,16 +401,15 @@ def launch(job: Job, opts: argparse.Namespace, net: NetnsCluster | None, ports: 
     port = ports.take()
     recorder = job.horovod or (opts.ddp_recorder and profiled)  # profiled by dpro's recorder
     if job.horovod:
+        # ground truth: the profiled script itself with the recorder off, timed by itself
         cmds = [dpro_profile_command(job, opts, run_dir, net) if profiled
-                else horovodrun_command(job, opts, HVD_TRAIN_SCRIPT, args, net)]
+                else ["env", "DPRO_DISABLE=1", *horovodrun_command(job, opts, HVD_RECORDER_SCRIPT,
+                                                                   recorder_truth_args(job, opts, run_dir, tag), net)]]
     elif recorder:
         shutil.rmtree(run_dir / "recorder_raw", ignore_errors=True)
         cmds = ddp_recorder_commands(job, opts, run_dir, port, net)
     elif opts.ddp_recorder:  # ground truth: the same script, recorder off, timed by itself
-        targs = ["--model", job.model, "--steps", str(opts.warmup + opts.timed), "--timing-skip", str(opts.warmup),
-                 "--timing-out", str(run_dir / f"timing_{tag}_rank{{rank}}.json")]
-        if opts.batch_size:
-            targs += ["--batch-size", str(opts.batch_size)]
+        targs = recorder_truth_args(job, opts, run_dir, tag)
         if net is None:
             cmds = [["env", "DPRO_DISABLE=1", *torchrun_command(job, opts, port, targs, DDP_RECORDER_SCRIPT)]]
         else:
