@@ -6,7 +6,9 @@ by `dpro replay --json`) and ``--truth`` runs with the recorder switched off
 script itself (examples/mxnet/train_ps.py: wall clock per step, ending in ``waitall``).
 Measured = median over runs of the per-run median step (mean over workers), steps after the
 warm-up. Prints predicted vs measured, predicted vs the trace's own steps, and the
-profiling overhead (trace vs measured).
+profiling overhead (trace vs measured); then, apart, the overhead the recorder measured
+itself (its step walls, warm-up vs window: dpro.replayer.overhead) and the prediction with
+it removed (``predicted_unprofiled_iteration_us``; n/a when none was removed).
 
     .venv/bin/python benchmarks/fidelity/ps_jobs.py [--truth 2] [--jobs mlp-2w1s,conv-4w2s] [--json]
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 MX = REPO / ".venv-mx" / "bin"
 JOBS = [(m, w, s) for m in ("mlp", "conv") for w in (2, 4) for s in (1, 2)]
-WARMUP, STEPS = 5, 8
+WARMUP, STEPS = 12, 8  # 12 warm-up calls: the recorder needs a settled warm-up pace (overhead)
 
 
 def name(m: str, w: int, s: int) -> str:
@@ -66,7 +68,18 @@ def one(m: str, w: int, s: int, truth: int, tmp: Path) -> dict:
         truths.append(measured_us(d / f"timing_{i}", WARMUP))
     meas = statistics.median(truths)
     pred, trace = rep["predicted_iteration_us"], rep["measured_iteration_us"]
-    return fidelity_row(name(m, w, s), pred, trace, meas, truth_runs_us=truths)
+    ov = rep.get("profiling_overhead") or {}
+    return fidelity_row(name(m, w, s), pred, trace, meas, truth_runs_us=truths,
+                        recorder_overhead_pct=ov.get("overhead_pct"),
+                        predicted_overhead_removed_us=rep.get("predicted_unprofiled_iteration_us"))
+
+
+def _pct(x: float | None) -> str:
+    return "   n/a" if x is None else f"{x:+5.1f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "    n/a" if x is None else f"{x / 1e3:7.2f} ms"
 
 
 def main() -> None:
@@ -86,7 +99,9 @@ def main() -> None:
                 r = rows[-1]
                 print(f"{r['job']:<12} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
                       f"predicted {r['predicted_us'] / 1e3:7.2f} ms  error {r['error_pct']:+6.1f}%  "
-                      f"vs trace {r['vs_trace_pct']:+6.1f}%  overhead {r['overhead_pct']:+6.1f}%", flush=True)
+                      f"vs trace {r['vs_trace_pct']:+6.1f}%  overhead {r['overhead_pct']:+6.1f}%  "
+                      f"| recorder's overhead {_pct(r['recorder_overhead_pct'])}  "
+                      f"predicted w/o it {_ms(r['predicted_overhead_removed_us'])}", flush=True)
     med = statistics.median(abs(r["error_pct"]) for r in rows)
     med_t = statistics.median(abs(r["vs_trace_pct"]) for r in rows)
     if a.json:

@@ -2,10 +2,10 @@
 
 Worker (:class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block):
 
-* op times from ``mx.profiler`` (Chrome JSON, absolute µs on the epoch clock); the
-  recorder re-hybridizes the block with ``forward_bulk_size=0, backward_bulk_size=0``
-  (create it before the first forward) so every op of the cached graph is its own event
-  instead of one ``ImperativeBulk``;
+* op times from ``mx.profiler`` (Chrome JSON, absolute µs on the epoch clock); when the
+  window starts the recorder re-hybridizes the block with ``forward_bulk_size=0,
+  backward_bulk_size=0`` so every op of the cached graph is its own event instead of one
+  ``ImperativeBulk`` (the warm-up runs bulked, at the unprofiled pace);
 * the hybridized symbol (``tojson()`` of the block's cached graph) for layer names and
   which backward op produces which parameter's gradient;
 * the kvstore keys: ``KVStore.push/pull/pushpull`` are wrapped while the window runs, to
@@ -74,12 +74,6 @@ class MXNetBackend:
         self.mx = mx
         self.model = model
         self.config = config
-        if isinstance(model, mx.gluon.HybridBlock) and getattr(model, "_active", False):
-            # Re-hybridize with operator bulking off (keeping the user's flags), so each op of
-            # the cached graph is its own profiler event. Must happen before the first forward.
-            flags = dict(getattr(model, "_flags", []))
-            flags.update(forward_bulk_size=0, backward_bulk_size=0)
-            model.hybridize(True, **flags)
         self.steps: list[tuple[int, float, float]] = []
         self.keys: dict[int, _KeyInfo] = {}
         self._kv: Any = None
@@ -106,6 +100,17 @@ class MXNetBackend:
             self._counting_early = True
         except Exception as e:  # noqa: BLE001 - recording must not break training
             log.warning("dpro: cannot start MXNet's storage counter early: %s", e)
+
+    def _unbulk(self) -> None:
+        """Re-hybridize with operator bulking off (keeping the user's flags), so each op of
+        the cached graph is its own profiler event.  Done when the window starts, not
+        before: the warm-up runs bulked, at the unprofiled pace the overhead is measured
+        against (dpro.replayer.overhead); the window's first step rebuilds the graph."""
+        model = self.model
+        if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
+            flags = dict(getattr(model, "_flags", []))
+            flags.update(forward_bulk_size=0, backward_bulk_size=0)
+            model.hybridize(True, **flags)
 
     # -- kvstore hook -------------------------------------------------------------------
     def _param_by_handle(self) -> dict[int, Any]:
@@ -174,6 +179,7 @@ class MXNetBackend:
         if self._tmp is None:
             self._tmp = Path(tempfile.mkdtemp(prefix=".mxprof-", dir=self.config.out_dir))
         mx.nd.waitall()
+        self._unbulk()
         self._hook()
         self._trainers.start()
         mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=True,
@@ -231,7 +237,7 @@ class MXNetBackend:
         rank = int(kv.rank) if kv is not None else int(os.environ.get("DMLC_WORKER_ID", 0))
         out = self.config.out_dir
         with open(prof, "rb") as f, gzip.open(out / f"rank{rank}.json.gz", "wb") as g:
-            g.write(f.read())
+            g.write(_with_header(f.read()))
         prof.unlink()
         self._tmp.rmdir()
         meta = {
@@ -249,9 +255,22 @@ class MXNetBackend:
             "params": [p.name for p in self.model.collect_params().values()],
             "symbol": self._symbol_json(),
             "memory": self._memory_facts(),
+            # the recorder's wall time of every step call, warm-up included (dpro.replayer.overhead)
+            "step_wall_us": list(getattr(self, "step_wall_us", [])),
         }
         (out / f"rank{rank}.meta.json").write_text(json.dumps(meta))
         log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)
+
+
+def _with_header(doc: bytes) -> bytes:
+    """mx.profiler's dump writes the ``{"traceEvents": [`` header on its first dump only
+    (``profile_dump_count_``); in some of our 4-worker runs the one dump we ask for came out
+    without it (starting with the ``,`` between events). Put the header back."""
+    head = doc.lstrip()
+    if head.startswith(b","):
+        log.warning("dpro: mx.profiler's dump had no header; added it")
+        return b'{\n    "traceEvents": [\n' + head[1:]
+    return doc
 
 
 def _itemsize(dtype: Any) -> int:

@@ -45,6 +45,7 @@ KV_OP = re.compile(r"^KVStoreDist\w*(PushPull|Push|Pull)$")
 IGNORED = {"DeleteVariable"}  # engine bookkeeping (a variable freed), ~1 µs, no dependency
 COPY = "CopyCPU2CPU"
 STEP_END = "STEP_END@cpu:main"
+FLOAT_DEV = "cpu:float"
 
 
 @dataclass
@@ -328,6 +329,11 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
     dropped = 0
     key_by_name = {v["name"]: k for k, v in keys.items()}
     producer: dict[int, str] = {}
+    floating = _floating_ops([[o for o in views[(w.rank, s)].compute if o.tid == main_tid and o.name != COPY]
+                              for s in steps])
+    if floating:
+        notes.append(f"{name}: op(s) whose place in the compute order changes from step to step run on their own "
+                     f"queue (cpu:float): " + ", ".join(f"{a}#{b}" for a, b in sorted(floating)))
     for s in steps:
         v = views[(w.rank, s)]
         # pulled-weight copies: a copy that starts after a push/pull op ended belongs to it (FIFO)
@@ -350,6 +356,8 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
             dev = dev_of.setdefault(o.tid, f"cpu:{len(dev_of)}")
             n = count[(o.name, dev)]
             count[(o.name, dev)] += 1
+            if o.tid == main_tid and (o.name, n) in floating:
+                dev = FLOAT_DEV
             oid = f"{o.name}@{dev}#{n}"
             ids.append(oid)
             if oid not in nt.ops:
@@ -432,7 +440,12 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
         nt.events.append(Event(STEP_END, s, t0 + dur, 0.0))
     nt.edges = sorted(edges)
     nt.meta = {"framework_version": w.meta.get("framework_version"), "kvstore": w.meta.get("kvstore"),
-               "keys": {str(k): v["name"] for k, v in keys.items()}}
+               "keys": {str(k): v["name"] for k, v in keys.items()},
+               # the recorder's step walls and the recorded step numbers: the profiling overhead
+               # (dpro.replayer.overhead), as for the torch backend
+               "steps": sorted(w.steps)}
+    if isinstance(w.meta.get("step_wall_us"), list):
+        nt.meta["step_wall_us"] = [float(x) for x in w.meta["step_wall_us"]]
     attach_counter(nt, w.counters, w.meta.get("memory"))
     return nt
 
@@ -462,8 +475,66 @@ def _server_node(srv: ServerRaw, workers: list[WorkerRaw], steps: list[int], key
             nt.events.append(Event(agg, s, u0, u1 - u0))
             for w in workers:
                 a, b = kvt[(w.rank, k, s)]
-                nt.events.append(Event(f"push:{pname}@w{w.rank}", s, a + up, 0.0))
+                # received at a + up; it waits there for the step's last push of the key
+                # (the server merges and updates only then)
+                wait = _push_wait(u0, a + up, w.steps[s][0], [x.steps[s][0] for x in workers])
+                nt.events.append(Event(f"push:{pname}@w{w.rank}", s, a + up, wait))
                 nt.events.append(Event(f"pull:{pname}@w{w.rank}", s, u1, max(0.0, b - u1)))
     # the updates run one at a time on the server's main thread: one device, no order edges
     # (the order changes from step to step with the order the pushes complete in)
     return nt
+
+
+def _floating_ops(seqs: list[list[Interval]], rounds: int = 4) -> set[tuple[str, int]]:
+    """Ops of the compute thread whose place in the order changes between steps.
+
+    The local DFG chains the compute thread's ops in the first step's order and charges
+    each op's wait after its chain predecessor (its gap).  MXNet runs some ops that no
+    graph op depends on (``SetValueOp``: in our traces after ``Convolution#0`` in 4 of 8
+    steps, elsewhere in the others) wherever the engine picks them; chained at one place,
+    their mean gap would hold the chain up by work that ran before them.  Up to ``rounds``
+    ops are taken out, one at a time: the one whose removal leaves the fewest ops with a
+    changing predecessor (ties: the shortest), until every op keeps its predecessor.
+    """
+    ids: list[list[tuple[str, int]]] = []
+    busy: dict[tuple[str, int], float] = defaultdict(float)
+    for seq in seqs:
+        cnt: dict[str, int] = defaultdict(int)
+        row = []
+        for o in seq:
+            x = (o.name, cnt[o.name])
+            cnt[o.name] += 1
+            row.append(x)
+            busy[x] += o.end - o.ts
+        ids.append(row)
+
+    def unstable(out: set) -> set[tuple[str, int]]:
+        preds: dict[tuple[str, int], set] = defaultdict(set)
+        for row in ids:
+            kept = [x for x in row if x not in out]
+            for a, b in zip([None] + kept, kept):
+                preds[b].add(a)
+        bad = {b for b, ps in preds.items() if len(ps) > 1}
+        return bad | {a for b in bad for a in preds[b] if a is not None}
+
+    out: set[tuple[str, int]] = set()
+    for _ in range(rounds):
+        cands = unstable(out)
+        if not cands:
+            break
+        out.add(min(cands, key=lambda x: (len(unstable(out | {x})), busy[x], x)))
+    return out if not unstable(out) else set()
+
+
+def _push_wait(u0: float, arrived: float, start: float, starts: list[float]) -> float:
+    """How long a push waits at the server for its key's update (µs, >= 0).
+
+    The replay starts every worker's step at one time, the workers' mean step start; in
+    the trace they start staggered (each when its own last pull returned) and in each step
+    a different worker pushes last.  So the push is placed where its worker's own step
+    puts it (``arrived - start``) and waits until the update's start as seen from the
+    mean step start: replayed, the update waits for the latest of these, which is the
+    mean update start rather than the latest worker's mean push.  Never past ``u0`` on the
+    trace's own clock (the update's own time is measured from its last push's arrival).
+    """
+    return max(0.0, min(u0 - arrived, (u0 - sum(starts) / len(starts)) - (arrived - start)))
