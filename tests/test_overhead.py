@@ -27,6 +27,21 @@ def test_measured_overhead_from_the_recorders_step_timings():
     assert job_overhead([nt, node([1, 1, 1, 110, 110, 110, 0, 130, 130, 130], [6, 7, 8, 9])]) == Overhead(104.0, 124.5)
 
 
+def test_calls_after_the_window_are_the_settled_pace():
+    """4 warm-up calls still speeding up (140 at best), a window at 150: without the calls
+    after the window the overhead looks like 7 %; the settled calls after it (first two
+    skipped: other ranks writing their traces) show 100, i.e. 50 %."""
+    nt = node([900, 500, 160, 140, 300, 150, 150], [4, 5, 6])
+    assert measured_overhead(nt) == Overhead(140.0, 150.0)
+    nt.meta["step_wall_after_us"] = [400.0, 90.0, 105.0, 100.0]
+    assert measured_overhead(nt) == Overhead(100.0, 150.0)
+    # no warm-up to speak of: the calls after the window alone
+    short = node([900, 150, 150], [1, 2])
+    assert measured_overhead(short) is None
+    short.meta["step_wall_after_us"] = [400.0, 300.0, 110.0]
+    assert measured_overhead(short) == Overhead(110.0, 150.0)
+
+
 def test_overhead_is_taken_off_gaps_first_then_own_times():
     ops = {"a": CompOp("a", "a", "FW", "cpu:main", 10.0, 1.0, 0.0), "b": CompOp("b", "b", "BW", "cpu:main", 10.0, 8.0, 1.0),
            "k": CompOp("k", "k", "FW", "cuda:0", 50.0, 0.0, 2.0)}  # a GPU kernel pays no host-side overhead

@@ -73,6 +73,19 @@ def test_gtrace_complete(profiled):
         "rank0.json.gz", "rank0.meta.json", "rank1.json.gz", "rank1.meta.json"]
 
 
+def test_steps_after_the_window_are_timed(profiled):
+    """14 calls, window 4..10: the recorder times the 3 calls after it (the settled
+    unprofiled pace, dpro.replayer.overhead) and adds them to each rank's meta."""
+    from dpro.replayer.overhead import measured_overhead
+
+    for nt in load_gtrace(profiled).nodes.values():
+        assert len(nt.meta["step_wall_us"]) == 11
+        after = nt.meta["step_wall_after_us"]
+        assert len(after) == 3 and all(w > 0 for w in after)
+        ov = measured_overhead(nt)
+        assert ov is not None and ov.unprofiled_us <= after[-1]
+
+
 @pytest.mark.slow
 def test_replay_within_bound(profiled):
     res = replay(load_gtrace(profiled))

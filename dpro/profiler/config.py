@@ -12,9 +12,12 @@ ENV_WARMUP = "DPRO_WARMUP"
 ENV_STEPS = "DPRO_STEPS"
 ENV_HOST = "DPRO_HOST"
 ENV_DISABLE = "DPRO_DISABLE"
+ENV_AFTER = "DPRO_AFTER_STEPS"
 
 DEFAULT_WARMUP = 5
 DEFAULT_STEPS = 5
+#: calls timed after the window: the settled unprofiled pace (dpro.replayer.overhead)
+DEFAULT_AFTER = 10
 DEFAULT_OUT = "dpro_traces"
 
 
@@ -27,6 +30,7 @@ class RecordConfig:
     steps: int = DEFAULT_STEPS
     host: str = ""
     enabled: bool = True
+    after: int = DEFAULT_AFTER
 
     @classmethod
     def resolve(cls, out_dir: str | os.PathLike | None, warmup: int | None, steps: int | None) -> "RecordConfig":
@@ -43,4 +47,5 @@ class RecordConfig:
             steps=n,
             host=env.get(ENV_HOST) or socket.gethostname(),
             enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes"),
+            after=max(0, int(env.get(ENV_AFTER, DEFAULT_AFTER))),
         )

@@ -79,6 +79,8 @@ class MXNetBackend:
         self._kv: Any = None
         self._orig: dict[str, Any] = {}
         self._tmp: Path | None = None
+        #: where this rank's meta.json went (the recorder adds the steps after the window)
+        self.meta_path: Path | None = None
         self._trainers = TrainerWatch()
         self._pre_static = 0
         self._counting_early = False
@@ -258,7 +260,8 @@ class MXNetBackend:
             # the recorder's wall time of every step call, warm-up included (dpro.replayer.overhead)
             "step_wall_us": list(getattr(self, "step_wall_us", [])),
         }
-        (out / f"rank{rank}.meta.json").write_text(json.dumps(meta))
+        self.meta_path = out / f"rank{rank}.meta.json"
+        self.meta_path.write_text(json.dumps(meta))
         log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)
 
 

@@ -444,8 +444,9 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
                # the recorder's step walls and the recorded step numbers: the profiling overhead
                # (dpro.replayer.overhead), as for the torch backend
                "steps": sorted(w.steps)}
-    if isinstance(w.meta.get("step_wall_us"), list):
-        nt.meta["step_wall_us"] = [float(x) for x in w.meta["step_wall_us"]]
+    for k in ("step_wall_us", "step_wall_after_us"):
+        if isinstance(w.meta.get(k), list):
+            nt.meta[k] = [float(x) for x in w.meta[k]]
     attach_counter(nt, w.counters, w.meta.get("memory"))
     return nt
 

@@ -9,7 +9,10 @@
 The recorder counts calls of the decorated step function; calls ``warmup`` to
 ``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
 output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
-a call costs one counter increment and a comparison.
+a call costs one counter increment and a comparison. The ``after`` calls that follow the
+window are timed too (two clock reads each) and their wall times added to the rank's
+``meta.json`` (``step_wall_after_us``): the job's settled pace without the profiler, which
+`dpro replay` uses to take the profiler's overhead out of its prediction.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from dpro.jsonio import read_json, write_json
 from dpro.profiler.config import RecordConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,8 @@ class Recorder:
         self.calls = 0
         self.step_wall_us: list[float] = []
         self.done = False
+        #: wall µs of the calls after the window while they are being timed, else None
+        self._after: list[float] | None = None
         self._lock = threading.Lock()
         self._backend: Backend | None = None
         if self.config.enabled:
@@ -110,12 +116,39 @@ class Recorder:
             except Exception as e:  # noqa: BLE001 - never break the training job
                 log.error("dpro: could not write the trace: %s", e)
                 self._backend.abort()
+                return
+            if not failed and self.config.after > 0 and getattr(self._backend, "meta_path", None) is not None:
+                self._after = []
+
+    def _after_step(self, wall_us: float) -> None:
+        assert self._after is not None
+        self._after.append(wall_us)
+        if len(self._after) >= self.config.after:
+            self._write_after()
+
+    def _write_after(self) -> None:
+        """Add the timed calls after the window to the rank's meta.json (then stop timing)."""
+        walls, self._after = self._after, None
+        path = getattr(self._backend, "meta_path", None)
+        if not walls or path is None:
+            return
+        try:
+            meta = read_json(path)
+            meta["step_wall_after_us"] = walls
+            write_json(path, meta)
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            log.warning("dpro: could not add the steps after the window to %s: %s", path, e)
 
     def wrap(self, fn: F) -> F:
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:
             if self.done:
-                return fn(*args, **kwargs)
+                if self._after is None:
+                    return fn(*args, **kwargs)
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                self._after_step((time.perf_counter() - t0) * 1e6)
+                return out
             state = self._begin()
             t0 = time.perf_counter()
             try:
@@ -134,6 +167,8 @@ class Recorder:
         return step  # type: ignore[return-value]
 
     def _at_exit(self) -> None:
+        if self._after:
+            self._write_after()
         if self.done:
             return
         if self.calls <= self.config.warmup:

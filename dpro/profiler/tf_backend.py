@@ -112,6 +112,8 @@ class TFBackend:
         from tensorflow.python.eager import context
 
         self.tf = tf
+        #: where this rank's meta.json went (the recorder adds the steps after the window)
+        self.meta_path: Path | None = None
         self.config = config
         self.model = model
         self.ctx = context.context()
@@ -221,7 +223,8 @@ class TFBackend:
                 "graphs": graphs,
                 "horovod_ops": hvd_order,
             })
-            write_json(out / f"rank{rank}.meta.json", {
+            self.meta_path = out / f"rank{rank}.meta.json"
+            write_json(self.meta_path, {
                 "format": "dpro-rank-meta",
                 "version": 1,
                 "framework": "tensorflow",

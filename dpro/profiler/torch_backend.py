@@ -62,6 +62,8 @@ class TorchBackend:
     def __init__(self, model: Any, config: RecordConfig) -> None:
         self.config = config
         self.model = model
+        #: where this rank's meta.json went (the recorder adds the steps after the window)
+        self.meta_path: Path | None = None
         self.inner = getattr(model, "module", model)
         self.names = {id(p): n for n, p in self.inner.named_parameters()}
         self.buckets: dict[int, dict] = {}
@@ -196,7 +198,8 @@ class TorchBackend:
         if self.compile_probe is not None:
             log.warning("dpro: rank %d measuring its blocks under torch.compile (--measure-compile)", rank)
             compiled = self.compile_probe.measure()
-        write_json(out / f"rank{rank}.meta.json", {
+        self.meta_path = out / f"rank{rank}.meta.json"
+        write_json(self.meta_path, {
             "format": "dpro-rank-meta",
             "version": 1,
             "framework": "pytorch",

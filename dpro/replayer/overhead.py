@@ -1,13 +1,18 @@
 """The profiler's own cost, measured by the recorder, and how to take it out.
 
-dpro's recorder times every call of the decorated step function (``rank<r>.meta.json
-["step_wall_us"]``), so each rank knows its pace without the profiler (the warm-up calls,
-first half skipped: lazy initialisation) and with it (the window, first step skipped:
-the profiler starting). The pace is the fastest call of each: interference from other
-processes only adds time, and warm-up calls are still getting faster (measured: 190 ms
-down to 97 ms over 8 warm-up calls of a 2-rank mlp), so medians overstate both. The difference, spread evenly over the step's host-side ops, is
-what :func:`dpro.optimizer.model.job_model` removes from their host gaps (then their own
-times) so that the optimizer predicts the job as it runs unprofiled.
+dpro's recorder times every call of the decorated step function (``rank<r>.meta.json``:
+``step_wall_us`` for the warm-up and the window, ``step_wall_after_us`` for up to
+``DPRO_AFTER_STEPS`` calls after it), so each rank knows its pace without the profiler
+(the warm-up calls, first half skipped: lazy initialisation; the calls after the window,
+first two skipped: the ranks write their traces at different times) and with it (the
+window, first step skipped: the profiler starting). The pace is the fastest call of each:
+interference from other processes only adds time, and warm-up calls are still getting
+faster (measured: 190 ms down to 97 ms over 8 warm-up calls of a 2-rank mlp; 4 TF workers
+on 2 cores had not settled after 5), so medians overstate both and the calls after the
+window, when there are any, are the settled pace. The difference, spread evenly over the
+step's host-side ops, is what :func:`dpro.optimizer.model.job_model` and ``dpro replay``
+remove from their host gaps (then their own times) to predict the job as it runs
+unprofiled.
 """
 
 from __future__ import annotations
@@ -35,19 +40,27 @@ class Overhead:
                 "overhead_pct": self.pct}
 
 
+#: calls after the window left out of the unprofiled pace (other ranks still writing traces)
+AFTER_SKIP = 2
+
+
 def measured_overhead(nt: NodeTrace) -> Overhead | None:
-    """The node's profiling overhead, or None without enough warm-up calls (>= 4) timed."""
-    walls = nt.meta.get("step_wall_us") if isinstance(nt.meta, dict) else None
-    steps = nt.meta.get("steps") if isinstance(nt.meta, dict) else None
+    """The node's profiling overhead, or None without enough unprofiled calls timed (>= 4
+    warm-up calls, or >= 1 call after the window beyond the first ``AFTER_SKIP``)."""
+    meta = nt.meta if isinstance(nt.meta, dict) else {}
+    walls, steps, after = meta.get("step_wall_us"), meta.get("steps"), meta.get("step_wall_after_us")
     if not isinstance(walls, list) or not isinstance(steps, list) or not steps:
         return None
     first = int(min(steps))
     warm = [float(w) for w in walls[:first]]
     window = [float(w) for w in walls[first:]]
-    if len(warm) < 4 or not window:
+    unprof = warm[len(warm) // 2:] if len(warm) >= 4 else []
+    if isinstance(after, list):
+        unprof += [float(w) for w in after[AFTER_SKIP:]]
+    if not unprof or not window:
         return None
     window = window[1:] or window
-    return Overhead(min(warm[len(warm) // 2:]), min(window))
+    return Overhead(min(unprof), min(window))
 
 
 def spread_overhead(ov: Overhead, host: list[Any]) -> float:
