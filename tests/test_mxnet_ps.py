@@ -91,6 +91,16 @@ def test_replay_close_to_measured(ps_job):
     assert abs(res.error_pct) < 35, (res.predicted_iteration_us, res.measured_iteration_us)
 
 
+@pytest.mark.slow
+def test_steps_after_the_window_timed(ps_job):
+    """The 6 calls after the window (run bulked again: the recorder restores the block's
+    flags) are timed into each worker's meta: the overhead's settled unprofiled pace."""
+    for w in load_gtrace(ps_job[0]).workers():
+        after = w.meta["step_wall_after_us"]
+        assert len(after) == 6 and all(x > 0 for x in after)
+        assert len(w.meta["step_wall_us"]) == WARMUP + STEPS
+
+
 # -- the collector on hand-made recordings ---------------------------------------------
 T0 = 1.7e15
 

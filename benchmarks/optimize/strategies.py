@@ -110,7 +110,8 @@ def main() -> None:
         net_ctx = NetnsCluster(args.nproc, rate_mbit=args.cap_mbit)
     with tempfile.TemporaryDirectory(prefix="dpro-optbench-") as tmp, net_ctx as net:
         tmp = Path(tmp)
-        rec_args = ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb)]
+        # 5 warm-up + 5 profiled calls, then 20 timed by the recorder: its overhead estimate
+        rec_args = ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb), "--steps", "30"]
         if net is None:
             run([str(BIN / "dpro"), "profile", "-o", str(tmp / "trace"), "--",
                  *torchrun(args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args)])

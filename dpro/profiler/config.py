@@ -17,7 +17,7 @@ ENV_AFTER = "DPRO_AFTER_STEPS"
 DEFAULT_WARMUP = 5
 DEFAULT_STEPS = 5
 #: calls timed after the window: the settled unprofiled pace (dpro.replayer.overhead)
-DEFAULT_AFTER = 10
+DEFAULT_AFTER = 20
 DEFAULT_OUT = "dpro_traces"
 
 

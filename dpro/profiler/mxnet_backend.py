@@ -81,6 +81,8 @@ class MXNetBackend:
         self._tmp: Path | None = None
         #: where this rank's meta.json went (the recorder adds the steps after the window)
         self.meta_path: Path | None = None
+        #: the block's hybridize flags while the window runs unbulked (restored after it)
+        self._user_flags: dict | None = None
         self._trainers = TrainerWatch()
         self._pre_static = 0
         self._counting_early = False
@@ -110,9 +112,18 @@ class MXNetBackend:
         against (dpro.replayer.overhead); the window's first step rebuilds the graph."""
         model = self.model
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
-            flags = dict(getattr(model, "_flags", []))
-            flags.update(forward_bulk_size=0, backward_bulk_size=0)
-            model.hybridize(True, **flags)
+            self._user_flags = dict(getattr(model, "_flags", []))
+            model.hybridize(True, **{**self._user_flags, "forward_bulk_size": 0, "backward_bulk_size": 0})
+
+    def _rebulk(self) -> None:
+        """Give the block back the user's hybridize flags once the window is over (the
+        steps after it run at the unprofiled pace again; the next step rebuilds the graph)."""
+        if self._user_flags is not None:
+            flags, self._user_flags = self._user_flags, None
+            try:
+                self.model.hybridize(True, **flags)
+            except Exception as e:  # noqa: BLE001 - recording must not break training
+                log.warning("dpro: could not restore the block's hybridize flags: %s", e)
 
     # -- kvstore hook -------------------------------------------------------------------
     def _param_by_handle(self) -> dict[int, Any]:
@@ -200,6 +211,7 @@ class MXNetBackend:
     def abort(self) -> None:
         self._unhook()
         self._trainers.stop()
+        self._rebulk()
         try:
             self.mx.profiler.set_state("stop")
         except Exception:  # noqa: BLE001
@@ -263,6 +275,7 @@ class MXNetBackend:
         self.meta_path = out / f"rank{rank}.meta.json"
         self.meta_path.write_text(json.dumps(meta))
         log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)
+        self._rebulk()
 
 
 def _with_header(doc: bytes) -> bytes:

@@ -2,14 +2,13 @@
 
 dpro's recorder times every call of the decorated step function (``rank<r>.meta.json``:
 ``step_wall_us`` for the warm-up and the window, ``step_wall_after_us`` for up to
-``DPRO_AFTER_STEPS`` calls after it), so each rank knows its pace without the profiler
-(the warm-up calls, first half skipped: lazy initialisation; the calls after the window,
-first two skipped: the ranks write their traces at different times) and with it (the
-window, first step skipped: the profiler starting). The pace is the fastest call of each:
-interference from other processes only adds time, and warm-up calls are still getting
-faster (measured: 190 ms down to 97 ms over 8 warm-up calls of a 2-rank mlp; 4 TF workers
-on 2 cores had not settled after 5), so medians overstate both and the calls after the
-window, when there are any, are the settled pace. The difference, spread evenly over the
+``DPRO_AFTER_STEPS`` calls after it), so each rank knows its pace without the profiler and
+with it. Preferred: the calls after the window (first half skipped: the ranks write their
+traces at different times, the job settles again), against the window (first call
+skipped: the profiler starting), medians of each. Without them: the fastest warm-up call (first half skipped:
+lazy initialisation) against the fastest window call, since warm-up calls are still
+getting faster (measured: 190 ms down to 97 ms over 8 warm-up calls of a 2-rank mlp; 4 TF
+workers on 2 cores had not settled after 5). The difference, spread evenly over the
 step's host-side ops, is what :func:`dpro.optimizer.model.job_model` and ``dpro replay``
 remove from their host gaps (then their own times) to predict the job as it runs
 unprofiled.
@@ -40,13 +39,19 @@ class Overhead:
                 "overhead_pct": self.pct}
 
 
-#: calls after the window left out of the unprofiled pace (other ranks still writing traces)
-AFTER_SKIP = 2
-
-
 def measured_overhead(nt: NodeTrace) -> Overhead | None:
-    """The node's profiling overhead, or None without enough unprofiled calls timed (>= 4
-    warm-up calls, or >= 1 call after the window beyond the first ``AFTER_SKIP``)."""
+    """The node's profiling overhead, or None without enough unprofiled calls timed.
+
+    With >= 6 calls after the window: the median of their second half against the
+    window's median (first call skipped). The first half is left out: right after the
+    window the ranks write their traces at different times and the job takes a few calls
+    to find its pace again (measured: 5 calls of 75-111 ms, then 44, on a 2-worker TF
+    convnet). Medians, because a synchronous job's ranks wait for each other, so one
+    call of one rank is no pace (a rank that came late to a collective waits less and its
+    next call is longer: 59 ms calls among 115 ms ones on 4 TF workers). Otherwise the
+    warm-up's fastest call (second half; >= 4 warm-up calls) against the window's
+    fastest: the warm-up is still speeding up, so its median would overstate the
+    unprofiled pace."""
     meta = nt.meta if isinstance(nt.meta, dict) else {}
     walls, steps, after = meta.get("step_wall_us"), meta.get("steps"), meta.get("step_wall_after_us")
     if not isinstance(walls, list) or not isinstance(steps, list) or not steps:
@@ -54,13 +59,16 @@ def measured_overhead(nt: NodeTrace) -> Overhead | None:
     first = int(min(steps))
     warm = [float(w) for w in walls[:first]]
     window = [float(w) for w in walls[first:]]
-    unprof = warm[len(warm) // 2:] if len(warm) >= 4 else []
-    if isinstance(after, list):
-        unprof += [float(w) for w in after[AFTER_SKIP:]]
-    if not unprof or not window:
+    if not window:
         return None
     window = window[1:] or window
-    return Overhead(min(unprof), min(window))
+    after = [float(w) for w in after] if isinstance(after, list) else []
+    if len(after) >= 6:
+        settled = after[len(after) // 2:]
+        return Overhead(statistics.median(settled), statistics.median(window))
+    if len(warm) < 4:
+        return None
+    return Overhead(min(warm[len(warm) // 2:]), min(window))
 
 
 def spread_overhead(ov: Overhead, host: list[Any]) -> float:

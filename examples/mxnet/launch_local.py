@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -27,24 +28,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", "--workers", type=int, default=2)
-    ap.add_argument("-s", "--servers", type=int, default=1)
-    ap.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="kill the job after this many seconds")
-    ap.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py [args]")
-    a = ap.parse_args()
-    script = a.script[1:] if a.script[:1] == ["--"] else a.script
-    if not script:
-        ap.error("no training script given")
+#: where a process runs: (command prefix, extra environment) for (role, index)
+Place = Callable[[str, int], tuple[list[str], dict[str, str]]]
+
+
+def loopback(role: str, i: int) -> tuple[list[str], dict[str, str]]:
+    """Every process on this host's loopback."""
+    return [], {"DMLC_NODE_HOST": "127.0.0.1"}
+
+
+def launch(script: list[str], workers: int, servers: int, *, timeout: float = 600.0, port: int = 0,
+           root_uri: str = "127.0.0.1", place: Place = loopback) -> int:
+    """Start the scheduler, servers and workers, wait for the workers, stop the rest.
+    ``place`` puts each process somewhere (e.g. a network namespace). Returns the first
+    non-zero worker exit code (124 on timeout), else 0."""
     env = dict(os.environ)
     env.update({
-        "DMLC_PS_ROOT_URI": "127.0.0.1",
-        "DMLC_PS_ROOT_PORT": str(a.port or free_port()),
-        "DMLC_NUM_SERVER": str(a.servers),
-        "DMLC_NUM_WORKER": str(a.workers),
-        "DMLC_NODE_HOST": "127.0.0.1",
+        "DMLC_PS_ROOT_URI": root_uri,
+        "DMLC_PS_ROOT_PORT": str(port or free_port()),
+        "DMLC_NUM_SERVER": str(servers),
+        "DMLC_NUM_WORKER": str(workers),
         "PS_VERBOSE": env.get("PS_VERBOSE", "0"),
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
     })
@@ -52,25 +55,26 @@ def main() -> int:
     procs: list[tuple[str, subprocess.Popen]] = []
 
     def start(role: str, cmd: list[str], i: int) -> None:
-        procs.append((f"{role}{i}", subprocess.Popen(cmd, env={**env, "DMLC_ROLE": role})))
+        prefix, extra = place(role, i)
+        procs.append((f"{role}{i}", subprocess.Popen([*prefix, *cmd], env={**env, **extra, "DMLC_ROLE": role})))
 
     start("scheduler", node, 0)
-    for i in range(a.servers):
+    for i in range(servers):
         start("server", node, i)
     cmd = [sys.executable, *script] if script[0].endswith(".py") else script
-    for i in range(a.workers):
+    for i in range(workers):
         start("worker", cmd, i)
-    workers = [p for n, p in procs if n.startswith("worker")]
-    deadline = time.monotonic() + a.timeout
+    workers_p = [p for n, p in procs if n.startswith("worker")]
+    deadline = time.monotonic() + timeout
     rc = 0
     try:
-        while any(p.poll() is None for p in workers):
-            bad = [p.returncode for p in workers if p.returncode not in (None, 0)]
+        while any(p.poll() is None for p in workers_p):
+            bad = [p.returncode for p in workers_p if p.returncode not in (None, 0)]
             if bad or time.monotonic() > deadline:
                 rc = bad[0] if bad else 124
                 break
             time.sleep(0.1)
-        rc = rc or next((p.returncode for p in workers if p.returncode), 0)
+        rc = rc or next((p.returncode for p in workers_p if p.returncode), 0)
         # servers and the scheduler end by themselves once every worker has left
         for _, p in procs:
             try:
@@ -89,6 +93,20 @@ def main() -> int:
                 p.kill()
                 p.wait()
     return rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", "--workers", type=int, default=2)
+    ap.add_argument("-s", "--servers", type=int, default=1)
+    ap.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="kill the job after this many seconds")
+    ap.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py [args]")
+    a = ap.parse_args()
+    script = a.script[1:] if a.script[:1] == ["--"] else a.script
+    if not script:
+        ap.error("no training script given")
+    return launch(script, a.workers, a.servers, timeout=a.timeout, port=a.port)
 
 
 if __name__ == "__main__":
