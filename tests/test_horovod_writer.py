@@ -35,3 +35,33 @@ def test_thread_wchar_sees_a_threads_writes(tmp_path):
     t.join()
     assert done["grown"] >= 12345
     assert os.getpid() in thread_wchar()  # the main thread is listed too
+
+
+def test_parked_writer_sleeps_and_wakes(tmp_path):
+    """A real 1-rank Horovod job (tests/hvd_park_job.py): the writer found, parked (asleep,
+    no CPU), woken (spinning again), the timeline still written, re-parked, and
+    ``hvd.shutdown()`` (which joins the writer) returns at once."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from hvd_util import horovod_skip_reason, horovodrun
+
+    if (why := horovod_skip_reason()) is not None:
+        pytest.skip(why)
+    job = Path(__file__).with_name("hvd_park_job.py")
+    r = subprocess.run([horovodrun(), "-np", "1", "--gloo", "-H", "localhost:1", sys.executable, str(job),
+                        str(tmp_path / "timeline.json")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HOROVOD_TIMELINE": "DYNAMIC"})
+    line = next((ln for ln in r.stdout.splitlines() if "PARK " in ln), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(line.split("PARK ", 1)[1])
+    assert out["found"] and out["parkable"]
+    assert out["parked_state"] == "S" and out["parked_cpu_s"] < 0.05
+    assert out["awake_state"] in ("R", "S")  # spinning (R), or between two yields
+    assert out["timeline_bytes"] > 100
+    assert out["reparked_state"] == "S"
+    assert out["shutdown_s"] < 5

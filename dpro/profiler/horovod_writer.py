@@ -16,21 +16,46 @@ started and stopped — stopping returns once the writer has flushed and closed 
 and the thread whose written-bytes counter (``/proc/self/task/<tid>/io``, ``wchar``) grew
 by the file's size is the writer. Only with ``HOROVOD_TIMELINE=DYNAMIC`` (a timeline
 file the user asked for is never touched) and on Linux.
+
+Idle priority is not enough: a spinning thread still takes every idle moment of a core
+(each time a worker thread blocks briefly), and on the 2-core VM a 2-worker TF
+transformer still ran 10-15 % slower for the whole job (docs/fidelity.md). So between
+uses the writer is also **parked** (:class:`TimelineWriter`): a real-time signal whose
+handler is libc's ``sleep`` (async-signal-safe; it sleeps as many seconds as the
+signal's number, 36, with every other signal but the wake-up one blocked), sent to that
+thread alone with ``tgkill``. It sleeps in the kernel, taking no CPU; the recorder
+re-parks it every 20 s while the job calls its step function, and wakes it (a second
+signal, whose handler is ``getpid``: a no-op that interrupts the sleep) before the
+window's ``start_timeline`` and before ``hvd.shutdown()`` (which joins it) or exit. If
+anything is missed, the writer wakes by itself within 36 s. While parked the timeline
+is stopped, so Horovod does not touch the writer (every timeline call returns early on
+its ``active`` flag). ``DPRO_HOROVOD_PARK=0`` keeps the idle priority only.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 PROBE_S = 0.05
+#: parks the writer: the handler sleeps this signal's number of seconds (36) at most
+PARK_SIG = signal.SIGRTMIN + 2
+#: wakes a parked writer (its handler does nothing; delivering it ends the sleep)
+WAKE_SIG = signal.SIGRTMIN + 3
+#: re-park this often while the job runs (before the sleep ends by itself)
+REPARK_S = 20.0
+ENV_PARK = "DPRO_HOROVOD_PARK"
 #: other threads may write a little (log lines) while the probe runs
 SLACK_BYTES = 4096
 
@@ -80,12 +105,84 @@ def find_timeline_writer(hvd: Any) -> int | None:
     return writer_thread(before, after, size)
 
 
-def idle_timeline_writer(module: str) -> int | None:
-    """Run the timeline writer of the Horovod binding ``module`` (``horovod.torch``,
-    ``horovod.tensorflow``; must be imported and initialised) at ``SCHED_IDLE``.
+class _Sigaction(ctypes.Structure):
+    """glibc's ``struct sigaction`` (Linux)."""
 
-    Returns its thread id, or None where there is nothing to do or it could not be done
-    (logged; training is never affected).
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+
+
+def _install_park_handlers(libc: Any) -> bool:
+    """PARK_SIG -> libc ``sleep`` (every signal but WAKE_SIG blocked meanwhile), WAKE_SIG ->
+    libc ``getpid``. False (nothing changed) if another handler already owns either."""
+    plan = [(PARK_SIG, ctypes.cast(libc.sleep, ctypes.c_void_p).value, True),
+            (WAKE_SIG, ctypes.cast(libc.getpid, ctypes.c_void_p).value, False)]
+    for sig, fn, _ in plan:
+        old = _Sigaction()
+        if libc.sigaction(sig, None, ctypes.byref(old)) != 0 or old.handler not in (None, fn):
+            return False
+    for sig, fn, block_all in plan:
+        sa = _Sigaction()
+        sa.handler = fn
+        if block_all:
+            libc.sigfillset(ctypes.byref(sa.mask))
+            libc.sigdelset(ctypes.byref(sa.mask), WAKE_SIG)
+        if libc.sigaction(sig, ctypes.byref(sa), None) != 0:
+            return False
+    return True
+
+
+def thread_state(tid: int) -> str | None:
+    """The kernel's one-letter state of thread ``tid`` of this process (R, S, ...)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass
+class TimelineWriter:
+    """Horovod's timeline writer thread of this process (idle priority), parked between uses."""
+
+    tid: int
+    module: str
+    parkable: bool = False
+    parked_at: float | None = None
+    closed: bool = False
+    _libc: Any = field(default=None, repr=False)
+
+    def _signal(self, sig: int) -> bool:
+        return self._libc is not None and self._libc.tgkill(os.getpid(), self.tid, sig) == 0
+
+    def park(self) -> None:
+        """Put the writer to sleep (it must not be needed until :meth:`wake`)."""
+        if self.parkable and not self.closed and self._signal(PARK_SIG):
+            self.parked_at = time.monotonic()
+
+    def keep_parked(self) -> None:
+        """Called between steps: re-park before the sleep ends by itself."""
+        if self.parked_at is not None and time.monotonic() - self.parked_at > REPARK_S:
+            self.park()
+
+    def wake(self) -> None:
+        """Wake the writer (before the timeline is started, or Horovod shut down)."""
+        if self.parked_at is not None:
+            self.parked_at = None
+            self._signal(WAKE_SIG)
+
+    def close(self) -> None:
+        """Wake it for good (Horovod's shutdown joins it)."""
+        self.wake()
+        self.closed = True
+
+
+def idle_timeline_writer(module: str) -> TimelineWriter | None:
+    """Run the timeline writer of the Horovod binding ``module`` (``horovod.torch``,
+    ``horovod.tensorflow``; must be imported and initialised) at ``SCHED_IDLE`` and park it.
+
+    Returns it, or None where there is nothing to do or it could not be done (logged;
+    training is never affected).
     """
     hvd = sys.modules.get(module)
     if hvd is None:
@@ -99,6 +196,34 @@ def idle_timeline_writer(module: str) -> int | None:
         log.warning("dpro: Horovod's timeline writer thread keeps a core busy and could not be moved to idle "
                     "priority (%s): expect a slower job", e)
         return None
-    log.info("dpro: Horovod's timeline writer (thread %d) now runs at idle priority (it spins for the whole job "
-             "while HOROVOD_TIMELINE is set)", tid)
-    return tid
+    writer = TimelineWriter(tid, module)
+    if os.environ.get(ENV_PARK, "1") not in ("0", "false", "no"):
+        _make_parkable(writer, hvd)
+    log.info("dpro: Horovod's timeline writer (thread %d) now runs at idle priority%s (it spins for the whole "
+             "job while HOROVOD_TIMELINE is set)", tid, " and is parked outside the window" if writer.parkable else "")
+    writer.park()
+    return writer
+
+
+def _make_parkable(writer: TimelineWriter, hvd: Any) -> None:
+    """Signal handlers, and a wake-up before ``hvd.shutdown()`` and at exit."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(libc, "tgkill") or not _install_park_handlers(libc):
+            log.info("dpro: not parking Horovod's timeline writer (signals %d/%d taken or no tgkill)",
+                     PARK_SIG, WAKE_SIG)
+            return
+    except (OSError, AttributeError) as e:
+        log.info("dpro: not parking Horovod's timeline writer: %s", e)
+        return
+    writer._libc = libc
+    shutdown = getattr(hvd, "shutdown", None)
+    if callable(shutdown):
+        def wake_then_shutdown(*args: Any, **kwargs: Any) -> Any:
+            writer.close()
+            return shutdown(*args, **kwargs)
+
+        hvd.shutdown = wake_then_shutdown
+    # registered after Horovod's own (hvd.init), so it runs before Horovod's shutdown at exit
+    atexit.register(writer.close)
+    writer.parkable = True

@@ -87,6 +87,8 @@ class Recorder:
                 log.error("dpro: recording disabled: %s: %s", type(e).__name__, e)
         if self._backend is None:
             self.done = True
+        #: called before every step: keeps Horovod's timeline writer parked (horovod_writer)
+        self._tick: Callable[[], None] | None = getattr(self._backend, "keep_parked", None)
         atexit.register(self._at_exit)
 
     @property
@@ -142,6 +144,8 @@ class Recorder:
     def wrap(self, fn: F) -> F:
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:
+            if self._tick is not None:
+                self._tick()
             if self.done:
                 if self._after is None:
                     return fn(*args, **kwargs)

@@ -122,14 +122,21 @@ class TFBackend:
         self.steps: list[int] = []
         self.active = False
         self._hvd: Any = None
-        self.writer_tid = idle_timeline_writer("horovod.tensorflow")
+        self.writer = idle_timeline_writer("horovod.tensorflow")
+
+    def keep_parked(self) -> None:
+        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
+        if self.writer is not None:
+            self.writer.keep_parked()
 
     def start(self) -> None:
-        if self.writer_tid is None:  # the Recorder was made before hvd.init()
-            self.writer_tid = idle_timeline_writer("horovod.tensorflow")
+        if self.writer is None:  # the Recorder was made before hvd.init()
+            self.writer = idle_timeline_writer("horovod.tensorflow")
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                              device_tracer_level=1)
+        if self.writer is not None:
+            self.writer.wake()  # parked outside the window (dpro.profiler.horovod_writer)
         self._hvd = start_dynamic_timeline("horovod.tensorflow", self.config.out_dir)
         self.tf.profiler.experimental.start(self.logdir, options=opts)
         self.active = True
@@ -147,7 +154,9 @@ class TFBackend:
         if self.active:
             self.active = False
             self.tf.profiler.experimental.stop()
-        stop_dynamic_timeline(self._hvd)
+        stop_dynamic_timeline(self._hvd)  # returns once the writer has closed the file
+        if self.writer is not None:
+            self.writer.park()
         self._hvd = None
 
     def abort(self) -> None:
@@ -239,7 +248,7 @@ class TFBackend:
                 # wall µs of each call of the step function, warm-up and window (dpro.replayer.overhead)
                 "step_wall_us": list(getattr(self, "step_wall_us", [])),
                 # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
-                "horovod_writer_thread": self.writer_tid,
+                "horovod_writer_thread": self.writer.tid if self.writer is not None else None,
             })
             log.info("dpro: rank %d wrote its trace to %s", rank, out)
         finally:

@@ -77,7 +77,7 @@ class TorchBackend:
         if self.compile_probe is not None:
             self.compile_probe.start()  # before the window: its input copies are not profiled
         self._install_comm_hook()
-        self.writer_tid = idle_timeline_writer("horovod.torch")
+        self.writer = idle_timeline_writer("horovod.torch")
 
     # ---------------------------------------------------------------- DDP buckets
     def _install_comm_hook(self) -> None:
@@ -134,6 +134,11 @@ class TorchBackend:
             h.remove()
         self.hooks.clear()
 
+    def keep_parked(self) -> None:
+        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
+        if self.writer is not None:
+            self.writer.keep_parked()
+
     # ---------------------------------------------------------------- window
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -142,8 +147,10 @@ class TorchBackend:
         if torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters()):
             acts.append(ProfilerActivity.CUDA)
         self._install_layer_hooks()
-        if self.writer_tid is None:  # the Recorder was made before hvd.init()
-            self.writer_tid = idle_timeline_writer("horovod.torch")
+        if self.writer is None:  # the Recorder was made before hvd.init()
+            self.writer = idle_timeline_writer("horovod.torch")
+        if self.writer is not None:
+            self.writer.wake()  # parked outside the window (dpro.profiler.horovod_writer)
         self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
         self.memory.start()
         self.prof = profile(activities=acts, record_shapes=True, profile_memory=True)
@@ -167,7 +174,9 @@ class TorchBackend:
         self._remove_layer_hooks()
         if self.prof is not None:
             self.prof.stop()
-        stop_dynamic_timeline(self._hvd)
+        stop_dynamic_timeline(self._hvd)  # returns once the writer has closed the file
+        if self.writer is not None:
+            self.writer.park()
         self._hvd = None
 
     def abort(self) -> None:
@@ -217,7 +226,7 @@ class TorchBackend:
             # wall µs of each call of the step function, warm-up and window (dpro.profiler.overhead)
             "step_wall_us": list(getattr(self, "step_wall_us", [])),
             # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
-            "horovod_writer_thread": self.writer_tid,
+            "horovod_writer_thread": self.writer.tid if self.writer is not None else None,
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None
