@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--profiled", type=int, default=1, help="profiled runs per job (medians)")
     ap.add_argument("--jobs", default=None,
                     help="comma-separated job names, e.g. mlp-2w1s,mlp-2w1s-cap1000 (default: all; capped jobs need root)")
-    ap.add_argument("--keep", type=Path, default=None, help="keep the traces and timings in this directory")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the traces, timings and results.json in this directory")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     want = set(a.jobs.split(",")) if a.jobs else None
@@ -129,6 +129,8 @@ def main() -> None:
             if want and name(m, w, s, cap) not in want:
                 continue
             rows.append(one(m, w, s, cap, a.truth, a.profiled, Path(tmp)))
+            if a.keep is not None:  # what is done so far survives an interrupted run
+                (a.keep / "results.json").write_text(json.dumps(rows, indent=1))
             if not a.json:
                 r = rows[-1]
                 print(f"{r['job']:<18} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
