@@ -133,7 +133,7 @@ def replay(
     print_replay(res, path, top=top, timeline=timeline)
     if ov is not None:
         click.echo(f"  profiling overhead (recorder's clock): {ov.pct:+.1f}% ({ov.unprofiled_us / 1e3:.2f} ms per step "
-                   f"before the window, {ov.profiled_us / 1e3:.2f} ms in it)")
+                   f"outside the window, {ov.profiled_us / 1e3:.2f} ms in it)")
     if unprof is not None:
         click.echo(f"  predicted iteration without the profiling overhead: {unprof / 1e3:.2f} ms")
     for w, m in memory.items():
