@@ -9,7 +9,9 @@
 The recorder counts calls of the decorated step function; calls ``warmup`` to
 ``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
 output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
-a call costs one counter increment and a comparison. The ``after`` calls that follow the
+a call costs one counter increment and a comparison (and in Horovod jobs a clock read:
+keeping Horovod's timeline writer parked, dpro.profiler.horovod_writer). The ``after``
+calls that follow the
 window are timed too (two clock reads each) and their wall times added to the rank's
 ``meta.json`` (``step_wall_after_us``): the job's settled pace without the profiler, which
 `dpro replay` uses to take the profiler's overhead out of its prediction.
