@@ -11,10 +11,10 @@ The recorder counts calls of the decorated step function; calls ``warmup`` to
 output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
 a call costs one counter increment and a comparison (and in Horovod jobs a clock read:
 keeping Horovod's timeline writer parked, dpro.profiler.horovod_writer). The ``after``
-calls that follow the
-window are timed too (two clock reads each) and their wall times added to the rank's
-``meta.json`` (``step_wall_after_us``): the job's settled pace without the profiler, which
-`dpro replay` uses to take the profiler's overhead out of its prediction.
+calls that follow the window are timed too (two clock reads each) and their wall times
+added to the rank's ``meta.json`` (``step_wall_after_us``): the job's settled pace without
+the profiler, which `dpro replay` uses to take the profiler's overhead out of its
+prediction.
 """
 
 from __future__ import annotations
