@@ -45,6 +45,15 @@ if w is not None:
     hvd.allreduce(torch.ones(1000), name="x")
     hvd.stop_timeline()
     out["timeline_bytes"] = path.stat().st_size
+    # a wake-up right behind the park (a Recorder made before hvd.init finds, parks and
+    # wakes the writer at once) must not leave it asleep
+    w.park()
+    w.wake()
+    states = ""
+    for _ in range(20):
+        time.sleep(0.01)
+        states += thread_state(w.tid) or "?"
+    out["quick_wake_states"] = states
     w.park()
     time.sleep(0.2)
     out["reparked_state"] = thread_state(w.tid)

@@ -63,5 +63,6 @@ def test_parked_writer_sleeps_and_wakes(tmp_path):
     assert out["parked_state"] == "S" and out["parked_cpu_s"] < 0.05
     assert out["awake_state"] in ("R", "S")  # spinning (R), or between two yields
     assert out["timeline_bytes"] > 100
+    assert "R" in out["quick_wake_states"], out  # runnable again (parked: always S)
     assert out["reparked_state"] == "S"
     assert out["shutdown_s"] < 5

@@ -56,6 +56,8 @@ WAKE_SIG = signal.SIGRTMIN + 3
 #: re-park this often while the job runs (before the sleep ends by itself)
 REPARK_S = 20.0
 ENV_PARK = "DPRO_HOROVOD_PARK"
+#: wake-up signals sent, 1 ms apart, until the writer is seen running
+WAKE_TRIES = 50
 #: other threads may write a little (log lines) while the probe runs
 SLACK_BYTES = 4096
 
@@ -166,10 +168,21 @@ class TimelineWriter:
             self.park()
 
     def wake(self) -> None:
-        """Wake the writer (before the timeline is started, or Horovod shut down)."""
-        if self.parked_at is not None:
-            self.parked_at = None
-            self._signal(WAKE_SIG)
+        """Wake the writer (before the timeline is started, or Horovod shut down).
+
+        Sent again until the thread is seen running: a wake-up that arrives before the
+        park's handler has started is taken first, and the sleep would then go on."""
+        if self.parked_at is None:
+            return
+        self.parked_at = None
+        for _ in range(WAKE_TRIES):
+            if not self._signal(WAKE_SIG):
+                return
+            time.sleep(0.001)
+            if thread_state(self.tid) != "S":
+                return
+        log.warning("dpro: Horovod's timeline writer (thread %d) did not wake; it will within %d s", self.tid,
+                    PARK_SIG)
 
     def close(self) -> None:
         """Wake it for good (Horovod's shutdown joins it)."""
