@@ -9,8 +9,8 @@ step exactly when the DFG holds every binding dependency.  Across steps we take 
 **mean** over a robust selection of steps (:func:`typical_steps`): a mean, because the
 sum of means along a path is the mean of the sums (taking each op's median, or a per-op
 trimmed mean, underestimates an iteration in which every step is slowed somewhere else);
-whole steps, not per-op samples, are trimmed, so that an outlier step among five or more
-does not move it.  The measured iteration time uses the same steps.
+whole steps, not per-op samples, are dropped (stalls) and trimmed, so that outlier steps
+do not move it.  The measured iteration time uses the same steps.
 """
 
 from __future__ import annotations
@@ -34,10 +34,24 @@ class OpStats:
 
 
 TRIM = 0.2
+#: a step in which some node took more than this times the median step is a stall
+STALL = 1.5
 
 
-def typical_steps(nodes: list[NodeTrace], steps: list[int], trim: float = TRIM) -> list[int]:
-    """``steps`` without the ``floor(trim * n)`` slowest and fastest (mean over nodes)."""
+def typical_steps(nodes: list[NodeTrace], steps: list[int], trim: float = TRIM, stall: float = STALL) -> list[int]:
+    """``steps`` without stalls, then without the ``floor(trim * n)`` slowest and fastest.
+
+    A stall (the VM or the OS took a process off its core for hundreds of ms) shows in two
+    steps, not one: the stalled node's and, its peers' steps being staggered, the step in
+    which the others waited for it, each at half weight in the mean over nodes. So stalls
+    are found by the slowest node of a step: above ``stall`` x the median of that, dropped
+    (at most half the steps, by the median's definition); then the trim, by the mean.
+    """
+    if not steps:
+        return []
+    peak = {s: max([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0]) for s in steps}
+    limit = stall * float(np.median(list(peak.values())))
+    steps = [s for s in steps if peak[s] <= limit]
     dur = {s: float(np.mean([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0])) for s in steps}
     order = sorted(steps, key=lambda s: (dur[s], s))
     k = int(trim * len(order))
