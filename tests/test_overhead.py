@@ -45,20 +45,20 @@ def test_calls_after_the_window_are_the_settled_pace():
     assert measured_overhead(short) == Overhead(110.0, 150.0)
 
 
-def test_overhead_is_taken_off_gaps_first_then_own_times():
+def test_overhead_scales_the_host_side_ops():
     ops = {"a": CompOp("a", "a", "FW", "cpu:main", 10.0, 1.0, 0.0), "b": CompOp("b", "b", "BW", "cpu:main", 10.0, 8.0, 1.0),
            "k": CompOp("k", "k", "FW", "cuda:0", 50.0, 0.0, 2.0)}  # a GPU kernel pays no host-side overhead
-    notes = _remove_overhead(Overhead(100.0, 110.0), ops)  # 10 µs over the 2 host-side ops: 5 each
-    assert (ops["a"].gap, ops["a"].dur) == (0.0, 6.0)
-    assert (ops["b"].gap, ops["b"].dur) == (3.0, 10.0)
+    notes = _remove_overhead(Overhead(100.0, 110.0), ops)  # 110 -> 100 µs per step: x 10/11
+    assert (ops["a"].gap, ops["a"].dur) == pytest.approx((10 / 11, 100 / 11))
+    assert (ops["b"].gap, ops["b"].dur) == pytest.approx((80 / 11, 100 / 11))
     assert (ops["k"].gap, ops["k"].dur) == (0.0, 50.0)
-    assert notes and "+10.0%" in notes[0]
+    assert notes and "+10.0%" in notes[0] and "0.909" in notes[0]
     assert _remove_overhead(Overhead(100.0, 90.0), ops) == []  # profiled faster: nothing to remove
 
 
 def test_replay_without_the_overhead_by_hand():
-    """Ops a (gap 4, own 10) -> b (gap 2, own 20) per 40 µs step; the recorder measured
-    36 µs/step unprofiled vs 40 profiled: 4 µs off, 2 per host-side op (gaps first)."""
+    """Ops a (gap 4, own 10) -> b (gap 2, own 20) per 36 µs step; the recorder measured
+    36 µs/step unprofiled vs 40 profiled: every op's gap and own time x 0.9."""
     from dpro.graph.global_dfg import BuildOptions
     from dpro.gtrace.schema import Event, GTrace, Manifest, Op
     from dpro.replayer.replay import replay
@@ -72,5 +72,28 @@ def test_replay_without_the_overhead_by_hand():
     gt = GTrace(Manifest("pytorch", "allreduce", "gloo", 1, [nt.info], [5, 6]), {"worker0": nt})
     assert replay(gt, align_clocks=False).predicted_iteration_us == pytest.approx(36.0)
     r = replay(gt, BuildOptions(remove_overhead=True), align_clocks=False)
-    assert r.predicted_iteration_us == pytest.approx(32.0)
-    assert any("profiling overhead +11.1%" in n for n in r.notes)
+    assert r.predicted_iteration_us == pytest.approx(32.4)
+    assert any("profiling overhead +11.1%" in n and "scaled by 0.900" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_collectives_scale_only_in_a_cpu_job(accelerator):
+    """Gloo or Horovod on CPU: a collective's own part is the CPU's work and slowed with the
+    rest; in a job with a GPU stream, NCCL's time is not the host's."""
+    from dpro.graph.global_dfg import BuildInfo, _remove_overhead as remove
+    from dpro.graph.stats import OpStats
+    from dpro.gtrace.schema import GTrace, Manifest, Op
+
+    nt = node([90, 80, 100, 100, 100, 125, 125], [5, 6])  # 100 -> 125: x 0.8
+    nt.ops = {"a": Op("a", "a", "FW", "cpu:main"), "c": Op("c", "c", "COMM", "comm")}
+    if accelerator:
+        nt.ops["k"] = Op("k", "k", "FW", "gpu0:s7")
+    stats = {"worker0": {k: OpStats(10.0, 5.0, 0.0, {}) for k in nt.ops}}
+    info = BuildInfo()
+    remove(GTrace(Manifest("pytorch", "allreduce", "gloo", 1, [nt.info], [5, 6]), {"worker0": nt}), stats, info)
+    s = stats["worker0"]
+    assert (s["a"].dur, s["a"].gap) == pytest.approx((8.0, 4.0))
+    assert (s["c"].dur, s["c"].gap) == ((10.0, 5.0) if accelerator else pytest.approx((8.0, 4.0)))
+    if accelerator:
+        assert (s["k"].dur, s["k"].gap) == (10.0, 5.0)
+    assert any("scaled by 0.800" in n for n in info.notes)

@@ -134,20 +134,26 @@ def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict
     return out
 
 
+#: device name prefixes of accelerator streams (Kineto imports: ``gpu0:s7``; tests: ``cuda:0``)
+ACCELERATORS = ("gpu", "cuda")
+
+
 def _remove_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> None:
-    """Each worker's measured profiling overhead off its host-side computation ops."""
-    from dpro.replayer.overhead import measured_overhead, spread_overhead
+    """Each worker's measured profiling overhead off the ops it ran on its CPU: host-side
+    ops and, in a job with no accelerator, its collectives' own parts (gloo, Horovod on CPU)."""
+    from dpro.replayer.overhead import measured_overhead, scale_overhead
 
     for name, nt in gt.nodes.items():
         ov = measured_overhead(nt) if nt.info.role == "worker" else None
         if ov is None:
             continue
-        host = [stats[name][op.id] for op in nt.ops.values() if op.cat != "COMM" and op.device.startswith("cpu")
-                and op.id in stats[name] and (stats[name][op.id].dur > 0 or stats[name][op.id].gap > 0)]
-        delta = spread_overhead(ov, host)
-        if delta:
-            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {delta:.1f} µs "
-                              f"off each of {len(host)} host-side ops")
+        cpu_only = not any(op.device.startswith(ACCELERATORS) for op in nt.ops.values())
+        ops = [stats[name][op.id] for op in nt.ops.values() if op.id in stats[name]
+               and (op.device.startswith("cpu") or (cpu_only and op.cat == "COMM"))]
+        r = scale_overhead(ov, ops)
+        if r < 1.0:
+            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ops)} ops "
+                              f"on its CPU{' (collectives included)' if cpu_only else ''} scaled by {r:.3f}")
 
 
 def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[CompiledGraph, BuildInfo]:

@@ -25,7 +25,7 @@ from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.replayer.overhead import Overhead, measured_overhead, spread_overhead
+from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +218,12 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
 
 
 def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
-    """Spread the measured profiling overhead over the host-side ops: off their gaps first,
-    then their own times. Returns a note (nothing when the profiled steps were not slower)."""
-    host = [o for o in ops.values() if o.device.startswith("cpu") and (o.dur > 0 or o.gap > 0)]
-    delta = spread_overhead(ov, host)
-    if not delta:
+    """Scale the host-side ops' gaps and own times by the recorder's unprofiled/profiled
+    step ratio (dpro.replayer.overhead.scale_overhead). Returns a note (nothing when the
+    profiled steps were not slower)."""
+    host = [o for o in ops.values() if o.device.startswith("cpu")]
+    r = scale_overhead(ov, host)
+    if r >= 1.0:
         return []
     return [f"profiling overhead {ov.pct:+.1f}% measured by the recorder ({ov.unprofiled_us / 1e3:.2f} ms per step "
-            f"unprofiled): {delta:.1f} µs taken off each of {len(host)} host-side ops"]
+            f"unprofiled): {len(host)} host-side ops scaled by {r:.3f}"]
