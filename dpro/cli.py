@@ -118,7 +118,7 @@ def replay(
     ov = job_overhead(gt.workers())
     # the job as it runs unprofiled: each worker's measured overhead off its host-side ops
     unprof = None
-    if ov is not None and ov.profiled_us > ov.unprofiled_us:
+    if ov is not None and ov.factor != 1.0:
         unprof = run_replay(gt, BuildOptions(expand_collectives=not no_expand, remove_overhead=True),
                             align_clocks=not no_align).predicted_iteration_us
     if as_json:

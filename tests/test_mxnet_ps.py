@@ -99,6 +99,8 @@ def test_steps_after_the_window_timed(ps_job):
         after = w.meta["step_wall_after_us"]
         assert len(after) == 6 and all(x > 0 for x in after)
         assert len(w.meta["step_wall_us"]) == WARMUP + STEPS
+        # the window ran unbulked, and says so: the overhead counts both ways
+        assert "bulking off" in w.meta["window_changes_job"]
 
 
 # -- the collector on hand-made recordings ---------------------------------------------

@@ -97,3 +97,21 @@ def test_collectives_scale_only_in_a_cpu_job(accelerator):
     if accelerator:
         assert (s["k"].dur, s["k"].gap) == (10.0, 5.0)
     assert any("scaled by 0.800" in n for n in info.notes)
+
+
+def test_overhead_both_ways_when_the_window_changed_the_job():
+    """MXNet's recorder turns operator bulking off for the window: a slower pace after it is
+    the job's own (the bulked job), so the prediction of the unprofiled job grows."""
+    from dpro.replayer.overhead import scale_overhead
+
+    nt = node([900, 500, 100, 100, 100, 100, 100], [5, 6])
+    nt.meta["step_wall_after_us"] = [300.0, 200.0, 110.0, 110.0, 110.0, 110.0]
+    assert measured_overhead(nt).factor == 1.0  # slower outside the window: noise, nothing scaled
+    nt.meta["window_changes_job"] = "MXNet operator bulking off in the window"
+    ov = measured_overhead(nt)
+    assert ov == Overhead(110.0, 100.0, True) and ov.factor == pytest.approx(1.1)
+    ops = [CompOp("a", "a", "FW", "cpu:main", 10.0, 2.0, 0.0)]
+    assert scale_overhead(ov, ops) == pytest.approx(1.1)
+    assert (ops[0].dur, ops[0].gap) == pytest.approx((11.0, 2.2))
+    assert job_overhead([nt, node([1, 1, 1, 1, 1, 100, 100], [5, 6])]).both_ways
+    assert ov.to_json()["window_changes_job"] is True

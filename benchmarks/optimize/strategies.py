@@ -12,12 +12,14 @@
    the defaults, with dpro's ``horovod.json`` (groups + fusion threshold) and with
    ``HOROVOD_AUTOTUNE=1`` (measured only: autotuning has no fixed strategy to predict).
 
-With ``--cap-mbit R`` (root; DDP only) every rank runs in its own network namespace with
-a ``tbf`` cap of R Mbit/s per direction on its link (benchmarks/fidelity/netns.py), so
-communication matters more; the profile is then taken with the recorder's environment
-set on each rank and collected like `dpro profile` does.
+With ``--cap-mbit R`` (root) every rank runs in its own network namespace with a ``tbf``
+cap of R Mbit/s per direction on its link (benchmarks/fidelity/netns.py), so
+communication matters more; the DDP profile is then taken with the recorder's
+environment set on each rank and collected like `dpro profile` does, the Horovod ranks
+are started by benchmarks/fidelity/hvd_netns.py (under `dpro profile` for the profile).
+``--no-ddp`` measures Horovod only.
 
-    python benchmarks/optimize/strategies.py --model mlp --repeats 3 [--horovod] [--cap-mbit 1000]
+    python benchmarks/optimize/strategies.py --model mlp --repeats 3 [--horovod [--no-ddp]] [--cap-mbit 1000]
 """
 
 from __future__ import annotations
@@ -72,10 +74,18 @@ def measure(port: int, args: argparse.Namespace, extra: list[str], out: Path, ne
     return statistics.median(steps)
 
 
-def measure_horovod(args: argparse.Namespace, extra: list[str], env: dict[str, str], out: Path) -> float:
-    """Median step (µs, mean over ranks) of train_horovod.py under horovodrun, its own timer."""
+def horovod_launcher(nproc: int, net) -> list[str]:
+    """horovodrun on loopback; in the namespaces, benchmarks/fidelity/hvd_netns.py (one rank each)."""
+    if net is None:
+        return [str(BIN / "horovodrun"), "-np", str(nproc), "--gloo", "-H", f"localhost:{nproc}"]
+    return [sys.executable, str(ROOT / "benchmarks" / "fidelity" / "hvd_netns.py"), "--np", str(nproc), "--existing",
+            "--"]
+
+
+def measure_horovod(args: argparse.Namespace, extra: list[str], env: dict[str, str], out: Path, net=None) -> float:
+    """Median step (µs, mean over ranks) of train_horovod.py, its own timer."""
     timing = out / "timing_rank{rank}.json"
-    run([str(BIN / "horovodrun"), "-np", str(args.nproc), "--gloo", "-H", f"localhost:{args.nproc}",
+    run([*horovod_launcher(args.nproc, net),
          sys.executable, "examples/pytorch/train_horovod.py", "--model", args.model, "--steps", str(args.steps),
          "--warmup", "5", "--timing-out", str(timing), *extra], env={**os.environ, **env})
     per_rank = [json.loads((out / f"timing_rank{r}.json").read_text())["step_us"] for r in range(args.nproc)]
@@ -93,7 +103,10 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--horovod", action="store_true", help="also Horovod: defaults, dpro's groups, autotune")
     p.add_argument("--cap-mbit", type=float, default=None, help="per-rank bandwidth cap (network namespaces, root)")
+    p.add_argument("--no-ddp", action="store_true", help="with --horovod: Horovod only")
     args = p.parse_args()
+    if args.no_ddp and not args.horovod:
+        p.error("--no-ddp needs --horovod")
 
     from dpro.loader import open_trace
     from dpro.optimizer.evaluate import iteration_us
@@ -103,48 +116,47 @@ def main() -> None:
 
     net_ctx = contextlib.nullcontext(None)
     if args.cap_mbit:
-        if args.horovod:
-            p.error("--horovod runs on loopback only")
         from netns import NetnsCluster
 
         net_ctx = NetnsCluster(args.nproc, rate_mbit=args.cap_mbit)
     with tempfile.TemporaryDirectory(prefix="dpro-optbench-") as tmp, net_ctx as net:
         tmp = Path(tmp)
-        # 5 warm-up + 5 profiled calls, then 20 timed by the recorder: its overhead estimate
-        rec_args = ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb), "--steps", "30"]
-        if net is None:
-            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "trace"), "--",
-                 *torchrun(args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args)])
-        else:  # what `dpro profile` does, with one process per namespace
-            from dpro.gtrace.io import write_gtrace
-            from dpro.profiler.collect import collect
+        rows = []
+        if not args.no_ddp:
+            # 5 warm-up + 5 profiled calls, then 20 timed by the recorder: its overhead estimate
+            rec_args = ["--model", args.model, "--bucket-cap-mb", str(args.job_cap_mb), "--steps", "30"]
+            if net is None:
+                run([str(BIN / "dpro"), "profile", "-o", str(tmp / "trace"), "--",
+                     *torchrun(args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args)])
+            else:  # what `dpro profile` does, with one process per namespace
+                from dpro.gtrace.io import write_gtrace
+                from dpro.profiler.collect import collect
 
-            raw = tmp / "raw"
-            launch(net, args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args,
-                   env={"DPRO_TRACE_DIR": str(raw), "DPRO_WARMUP": "5", "DPRO_STEPS": "5"}, log_dir=tmp / "logs")
-            write_gtrace(collect(raw), tmp / "trace")
-        run([str(BIN / "dpro"), "optimize", str(tmp / "trace"), "-o", str(tmp / "strategy"), "--budget", "20"])
-        cap = json.loads((tmp / "strategy" / "ddp.json").read_text())["bucket_cap_mb"]
-        res = optimize(open_trace(tmp / "trace"), budget_s=20)
-        m = res.model
-        configs = [
-            ("job as profiled", args.job_cap_mb, ["--bucket-cap-mb", str(args.job_cap_mb)]),
-            ("DDP default", None, []),
-            ("dpro optimize", cap, ["--dpro-strategy", str(tmp / "strategy")]),
-            ("no fusion", 1e-4, ["--bucket-cap-mb", "0.0001"]),
-            ("fuse everything", 1e4, ["--bucket-cap-mb", "10000"]),
-        ]
-        measured: dict[str, list[float]] = {c[0]: [] for c in configs}
-        for rep in range(args.repeats):
-            for i, (name, _, extra) in enumerate(configs):
-                out = tmp / f"run{rep}_{i}"
-                out.mkdir()
-                measured[name].append(measure(args.port + 1 + i, args, extra, out, net))
+                raw = tmp / "raw"
+                launch(net, args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args,
+                       env={"DPRO_TRACE_DIR": str(raw), "DPRO_WARMUP": "5", "DPRO_STEPS": "5"}, log_dir=tmp / "logs")
+                write_gtrace(collect(raw), tmp / "trace")
+            run([str(BIN / "dpro"), "optimize", str(tmp / "trace"), "-o", str(tmp / "strategy"), "--budget", "20"])
+            cap = json.loads((tmp / "strategy" / "ddp.json").read_text())["bucket_cap_mb"]
+            res = optimize(open_trace(tmp / "trace"), budget_s=20)
+            m = res.model
+            configs = [
+                ("job as profiled", args.job_cap_mb, ["--bucket-cap-mb", str(args.job_cap_mb)]),
+                ("DDP default", None, []),
+                ("dpro optimize", cap, ["--dpro-strategy", str(tmp / "strategy")]),
+                ("no fusion", 1e-4, ["--bucket-cap-mb", "0.0001"]),
+                ("fuse everything", 1e4, ["--bucket-cap-mb", "10000"]),
+            ]
+            measured: dict[str, list[float]] = {c[0]: [] for c in configs}
+            for rep in range(args.repeats):
+                for i, (name, _, extra) in enumerate(configs):
+                    out = tmp / f"run{rep}_{i}"
+                    out.mkdir()
+                    measured[name].append(measure(args.port + 1 + i, args, extra, out, net))
         hvd_rows = []
         if args.horovod:
-            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), "--", str(BIN / "horovodrun"), "-np",
-                 str(args.nproc), "--gloo", "-H", f"localhost:{args.nproc}", sys.executable,
-                 "examples/pytorch/hvd_recorder.py", "--model", args.model])
+            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), "--", *horovod_launcher(args.nproc, net),
+                 sys.executable, "examples/pytorch/hvd_recorder.py", "--model", args.model, "--steps", "30"])
             run([str(BIN / "dpro"), "optimize", str(tmp / "hvd_trace"), "-o", str(tmp / "hvd_strategy"), "--budget", "20"])
             doc = json.loads((tmp / "hvd_strategy" / "strategy.json").read_text())
             plan = json.loads((tmp / "hvd_strategy" / "horovod.json").read_text())
@@ -157,19 +169,18 @@ def main() -> None:
                 for i, (name, extra, env, _) in enumerate(hvd_configs):
                     out = tmp / f"hvd{rep}_{i}"
                     out.mkdir()
-                    hm[name].append(measure_horovod(args, extra, env, out))
+                    hm[name].append(measure_horovod(args, extra, env, out, net))
             for name, _, _, pred in hvd_configs:
                 hvd_rows.append({"config": name, "predicted_us": pred, "measured_us": statistics.median(hm[name]),
                                  "runs_us": hm[name], "groups": len(plan["groups"])})
-        rows = []
-        for name, c, _ in configs:
+        for name, c, _ in ([] if args.no_ddp else configs):
             pred = iteration_us(m, ddp_strategy(m, c))
             meas = statistics.median(measured[name])
             rows.append({"config": name, "bucket_cap_mb": c, "buckets": len(ddp_strategy(m, c).groups),
                          "predicted_us": pred, "measured_us": meas, "error_pct": 100 * (pred - meas) / meas,
                          "runs_us": measured[name]})
-    base = rows[0]
     for r in rows:
+        base = rows[0]
         r["predicted_speedup"] = base["predicted_us"] / r["predicted_us"]
         r["measured_speedup"] = base["measured_us"] / r["measured_us"]
     if args.json:

@@ -151,7 +151,7 @@ def _remove_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: Bui
         ops = [stats[name][op.id] for op in nt.ops.values() if op.id in stats[name]
                and (op.device.startswith("cpu") or (cpu_only and op.cat == "COMM"))]
         r = scale_overhead(ov, ops)
-        if r < 1.0:
+        if r != 1.0:
             info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ops)} ops "
                               f"on its CPU{' (collectives included)' if cpu_only else ''} scaled by {r:.3f}")
 

@@ -219,11 +219,11 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
 
 def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
     """Scale the host-side ops' gaps and own times by the recorder's unprofiled/profiled
-    step ratio (dpro.replayer.overhead.scale_overhead). Returns a note (nothing when the
-    profiled steps were not slower)."""
+    step ratio (dpro.replayer.overhead.scale_overhead). Returns a note (nothing when
+    nothing changed)."""
     host = [o for o in ops.values() if o.device.startswith("cpu")]
     r = scale_overhead(ov, host)
-    if r >= 1.0:
+    if r == 1.0:
         return []
     return [f"profiling overhead {ov.pct:+.1f}% measured by the recorder ({ov.unprofiled_us / 1e3:.2f} ms per step "
             f"unprofiled): {len(host)} host-side ops scaled by {r:.3f}"]

@@ -222,8 +222,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
             notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
                          "strategy without them")
     ov = model.overhead  # the model is of the job unprofiled: compare with the replay scaled alike
-    expect = r.predicted_iteration_us * (ov.unprofiled_us / ov.profiled_us if ov and ov.profiled_us > ov.unprofiled_us
-                                         else 1.0)
+    expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
     gap = 100.0 * (base["job as profiled"] - expect) / expect
     if abs(gap) > 2.0:
         notes.append(f"the optimizer's one-worker model differs from the full replay by {gap:+.1f}% on the job as profiled")

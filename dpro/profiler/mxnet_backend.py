@@ -83,6 +83,8 @@ class MXNetBackend:
         self.meta_path: Path | None = None
         #: the block's hybridize flags while the window runs unbulked (restored after it)
         self._user_flags: dict | None = None
+        #: how the window runs the job differently from the user's steps (meta ``window_changes_job``)
+        self.window_change: str | None = None
         self._trainers = TrainerWatch()
         self._pre_static = 0
         self._counting_early = False
@@ -114,6 +116,7 @@ class MXNetBackend:
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
             self._user_flags = dict(getattr(model, "_flags", []))
             model.hybridize(True, **{**self._user_flags, "forward_bulk_size": 0, "backward_bulk_size": 0})
+            self.window_change = "MXNet operator bulking off in the window"
 
     def _rebulk(self) -> None:
         """Give the block back the user's hybridize flags once the window is over (the
@@ -271,6 +274,8 @@ class MXNetBackend:
             "memory": self._memory_facts(),
             # the recorder's wall time of every step call, warm-up included (dpro.replayer.overhead)
             "step_wall_us": list(getattr(self, "step_wall_us", [])),
+            # how the window ran the job differently (the overhead then counts both ways)
+            "window_changes_job": self.window_change,
         }
         self.meta_path = out / f"rank{rank}.meta.json"
         self.meta_path.write_text(json.dumps(meta))

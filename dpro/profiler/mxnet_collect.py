@@ -447,6 +447,8 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
     for k in ("step_wall_us", "step_wall_after_us"):
         if isinstance(w.meta.get(k), list):
             nt.meta[k] = [float(x) for x in w.meta[k]]
+    if isinstance(w.meta.get("window_changes_job"), str):
+        nt.meta["window_changes_job"] = w.meta["window_changes_job"]
     attach_counter(nt, w.counters, w.meta.get("memory"))
     return nt
 

@@ -28,14 +28,27 @@ class Overhead:
 
     unprofiled_us: float
     profiled_us: float
+    #: the recorder ran the job differently in the window (``window_changes_job`` in the rank's
+    #: meta; MXNet: operator bulking off), so a slower pace outside it is the job's, not noise
+    both_ways: bool = False
 
     @property
     def pct(self) -> float:
         return 100.0 * (self.profiled_us / self.unprofiled_us - 1.0)
 
+    @property
+    def factor(self) -> float:
+        """Unprofiled / profiled pace, the scale of the job's CPU ops without the profiler: 1.0
+        when the window was not slower, unless the recorder changed the job in it."""
+        if self.profiled_us <= 0 or self.unprofiled_us <= 0:
+            return 1.0
+        if self.profiled_us > self.unprofiled_us or self.both_ways:
+            return self.unprofiled_us / self.profiled_us
+        return 1.0
+
     def to_json(self) -> dict:
         return {"unprofiled_step_us": self.unprofiled_us, "profiled_step_us": self.profiled_us,
-                "overhead_pct": self.pct}
+                "overhead_pct": self.pct, "window_changes_job": self.both_ways}
 
 
 def measured_overhead(nt: NodeTrace) -> Overhead | None:
@@ -53,6 +66,7 @@ def measured_overhead(nt: NodeTrace) -> Overhead | None:
     unprofiled pace."""
     meta = nt.meta if isinstance(nt.meta, dict) else {}
     walls, steps, after = meta.get("step_wall_us"), meta.get("steps"), meta.get("step_wall_after_us")
+    both = bool(meta.get("window_changes_job"))
     if not isinstance(walls, list) or not isinstance(steps, list) or not steps:
         return None
     first = int(min(steps))
@@ -64,16 +78,16 @@ def measured_overhead(nt: NodeTrace) -> Overhead | None:
     after = [float(w) for w in after] if isinstance(after, list) else []
     if len(after) >= 6:
         settled = after[len(after) // 2:]
-        return Overhead(statistics.median(settled), statistics.median(window))
+        return Overhead(statistics.median(settled), statistics.median(window), both)
     if len(warm) < 4:
         return None
-    return Overhead(min(warm[len(warm) // 2:]), min(window))
+    return Overhead(min(warm[len(warm) // 2:]), min(window), both)
 
 
 def scale_overhead(ov: Overhead, ops: list[Any]) -> float:
     """Take the overhead off ``ops`` (a worker's ops that ran on its CPU: objects with
     mutable ``dur`` and ``gap`` µs): each one's gap and own time times ``ov.unprofiled_us /
-    ov.profiled_us``. Returns that factor (1.0 when the profiled steps were not slower).
+    ov.profiled_us`` (:attr:`Overhead.factor`). Returns that factor (1.0: nothing changed).
 
     A ratio, not an equal share of the difference per op: what the recorder measures is
     the step's wall time with and without the profiler, and on a machine where the ranks
@@ -81,9 +95,9 @@ def scale_overhead(ov: Overhead, ops: list[Any]) -> float:
     a starved peer included, not a fixed cost per op (4 TF workers on 2 cores: +35.6 %
     against unprofiled runs with an equal share, +15.5 % with the ratio). Link time is
     not the CPU's and keeps its cost."""
-    if ov.profiled_us <= ov.unprofiled_us or not ops:
+    r = ov.factor
+    if r == 1.0 or not ops:
         return 1.0
-    r = ov.unprofiled_us / ov.profiled_us
     for o in ops:
         o.gap *= r
         o.dur *= r
@@ -95,4 +109,5 @@ def job_overhead(nodes: list[NodeTrace]) -> Overhead | None:
     ovs = [o for o in (measured_overhead(nt) for nt in nodes) if o is not None]
     if not ovs:
         return None
-    return Overhead(statistics.median(o.unprofiled_us for o in ovs), statistics.median(o.profiled_us for o in ovs))
+    return Overhead(statistics.median(o.unprofiled_us for o in ovs), statistics.median(o.profiled_us for o in ovs),
+                    any(o.both_ways for o in ovs))
