@@ -158,6 +158,30 @@ def test_horovod_cycles():
     assert lib.horovod_groups([100, 500, 1200, 1300], [100, 100, 100, 200], threshold=250, cycle_us=1000) == [[0, 1], [2], [3]]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_library_defaults_are_kept_without_a_predicted_gain(overlap):
+    """fw 10 -> b1 10 -> b2 -> upd 1, two 100 B gradients. Without overlap to win (alpha
+    only) both libraries' defaults, one fused sync, are the best there is: dpro keeps them
+    rather than write settings that only reproduce them. With b2 10 µs and 0.1 µs/B, g1's
+    sync hides behind b2 when apart (41 µs) and not when fused (51 µs, both defaults):
+    dpro's settings, 20 % faster."""
+    from dpro.optimizer.optimize import realize
+
+    m = two_grads(alpha=5, b2_dur=1) if not overlap else chain_model(
+        [("fw", "FW", 10, 0), ("b1", "BW", 10, 0), ("b2", "BW", 10, 0), ("upd", "UPDATE", 1, 0)],
+        [Unit("g1", 100, ["b1"], ["upd"]), Unit("g2", 100, ["b2"], ["upd"])], alpha=0, beta=0.1)
+    for u in m.units:
+        u.params = [u.name]
+    best = search(m, [TensorFusion()], budget_s=5)[0].strategy
+    got = {r.library: r for r in realize(m, best)}
+    assert set(got) == {"pytorch-ddp", "horovod"}
+    for r in got.values():
+        assert bool(r.settings.get("keep_default")) is not overlap
+        assert r.iteration_us == pytest.approx(41 if overlap else 32)
+    assert got["horovod"].settings["groups"] == ([["g1"], ["g2"]] if overlap else None)
+    assert (got["pytorch-ddp"].settings["bucket_cap_mb"] is None) is not overlap
+
+
 # ---------------------------------------------------------------- registry and user passes
 
 def test_user_pass_module_and_registry(tmp_path, monkeypatch):
@@ -263,6 +287,12 @@ def test_apply_reads_strategy_files(tmp_path):
     (tmp_path / "ddp.json").write_text('[1')
     with pytest.raises(DproInputError, match="invalid JSON"):
         ddp_kwargs(tmp_path / "ddp.json")
+    # dpro predicted no gain over the library's default: keep it
+    (tmp_path / "ddp.json").write_text('{"bucket_cap_mb": null, "keep_default": true}')
+    assert ddp_kwargs(tmp_path) == {}
+    (tmp_path / "horovod.json").write_text('{"groups": null, "keep_default": true, "HOROVOD_FUSION_THRESHOLD": 67108864}')
+    assert horovod_groups(tmp_path, [("a", 1)]) is None
+    assert horovod_env(tmp_path) == {"HOROVOD_FUSION_THRESHOLD": "67108864"}
 
 
 def test_ddp_strategy_caps():

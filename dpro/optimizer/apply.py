@@ -35,8 +35,11 @@ def _load(path: str | Path, name: str) -> dict:
 
 
 def ddp_kwargs(path: str | Path) -> dict[str, float]:
-    """``DistributedDataParallel`` keyword arguments from ``ddp.json`` (a file or its directory)."""
+    """``DistributedDataParallel`` keyword arguments from ``ddp.json`` (a file or its directory);
+    empty where dpro keeps DDP's default (``keep_default``)."""
     d = _load(path, "ddp.json")
+    if d.get("keep_default") is True:
+        return {}
     cap = d.get("bucket_cap_mb")
     if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
         raise DproInputError(Path(path), "ddp.json: 'bucket_cap_mb' must be a positive number")
@@ -56,12 +59,15 @@ def horovod_env(path: str | Path) -> dict[str, str]:
     return out
 
 
-def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]) -> list[list[Any]]:
-    """The parameter groups of ``horovod.json`` as lists of the model's parameters.
+def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]) -> list[list[Any]] | None:
+    """The parameter groups of ``horovod.json`` as lists of the model's parameters; None
+    where dpro keeps Horovod's default fusion (``keep_default``).
 
     Parameters the file does not name (e.g. frozen ones) are left to Horovod's default.
     """
     d = _load(path, "horovod.json")
+    if d.get("keep_default") is True:
+        return None
     groups = d.get("groups")
     if not isinstance(groups, list) or not all(isinstance(g, list) and all(isinstance(n, str) for n in g) for g in groups):
         raise DproInputError(Path(path), "horovod.json: 'groups' must be a list of lists of parameter names")

@@ -136,8 +136,14 @@ def ddp_strategy(model: JobModel, bucket_cap_mb: float | None) -> Strategy:
     return Strategy.from_groups(lib.ddp_buckets(sizes, int(bucket_cap_mb * lib.MiB)))
 
 
+#: a library's own default is kept unless dpro's setting is predicted this much faster
+#: (a change that the model cannot tell from the default is not worth making)
+MIN_GAIN = 0.01
+
+
 def realize(model: JobModel, best: Strategy) -> list[Realized]:
-    """Express ``best`` in the settings of the libraries that can run it."""
+    """Express ``best`` in the settings of the libraries that can run it; where it is not
+    predicted ``MIN_GAIN`` faster than the library's default, keep the default."""
     out: list[Realized] = []
     sizes = [u.bytes for u in model.units]
     # Library settings change the synchronisation only: op fusion is applied (and predicted) apart;
@@ -159,14 +165,28 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
             if best_r is None or t < best_r.iteration_us * (1 - 1e-3):
                 best_r = Realized("pytorch-ddp", {"bucket_cap_mb": cap / lib.MiB, "bucket_cap_bytes": cap,
                                                   "buckets": [[model.units[u].name for u in g] for g in groups]}, st, t)
+        default = ddp_strategy(model, None).with_memory(best.recompute, best.accum)
+        t_default = iteration_us(model, default)
+        if best_r is not None and best_r.iteration_us > t_default * (1 - MIN_GAIN):
+            best_r = Realized("pytorch-ddp", {
+                "bucket_cap_mb": None, "keep_default": True,
+                "buckets": [[model.units[u].name for u in g] for g in default.groups]}, default, t_default)
         if best_r is not None:
             out.append(best_r)
     if model.library == "horovod" or (model.framework == "pytorch" and all(u.params for u in model.units)):
-        groups = [[model.units[u].name for u in g] for g in best.groups]
-        thr = max(best.group_bytes(model, i) for i in range(len(best.groups)))
-        out.append(Realized("horovod", {
-            "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr), "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3,
-        }, best, iteration_us(model, best)))
+        default = Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), sizes)).with_memory(
+            best.recompute, best.accum)
+        t_best, t_default = iteration_us(model, best), iteration_us(model, default)
+        if t_best > t_default * (1 - MIN_GAIN):
+            out.append(Realized("horovod", {
+                "groups": None, "keep_default": True, "HOROVOD_FUSION_THRESHOLD": lib.HOROVOD_DEFAULT_THRESHOLD,
+                "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, default, t_default))
+        else:
+            groups = [[model.units[u].name for u in g] for g in best.groups]
+            thr = max(best.group_bytes(model, i) for i in range(len(best.groups)))
+            out.append(Realized("horovod", {
+                "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr),
+                "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
     if model.scheme == "ps":
         per = [best.group_bytes(model, i) / best.partitions[i] for i in range(len(best.groups))]
         out.append(Realized("byteps", {"BYTEPS_PARTITION_BYTES": int(max(per))}, best, iteration_us(model, best)))

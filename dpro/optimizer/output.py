@@ -2,8 +2,8 @@
 
 ``DIR/summary.txt``      the summary `dpro optimize` prints
 ``DIR/strategy.json``    everything (the `--json` output)
-``DIR/ddp.json``         PyTorch DDP: ``bucket_cap_mb`` (+ the buckets it gives)
-``DIR/horovod.json``     Horovod: explicit ``groups`` of parameter names, fusion threshold, cycle time
+``DIR/ddp.json``         PyTorch DDP: ``bucket_cap_mb`` (+ the buckets it gives), or ``keep_default``
+``DIR/horovod.json``     Horovod: explicit ``groups`` of parameter names, fusion threshold, cycle time, or ``keep_default``
 ``DIR/horovod.env``      the same as environment variables
 ``DIR/byteps.env``       BytePS: ``BYTEPS_PARTITION_BYTES`` (parameter-server jobs)
 ``DIR/compile.json``     op fusion: the fused ops and the layers to compile (torch.compile / XLA)
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dpro.jsonio import check_writable_dir, dump_json, write_dir_atomically
 from dpro.optimizer.memory_search import fmt_bytes
-from dpro.optimizer.optimize import OptimizeResult
+from dpro.optimizer.optimize import MIN_GAIN, OptimizeResult
 
 
 def _ms(us: float | None) -> str:
@@ -55,7 +55,11 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
         lines.append(f"fused op chains: {len(st.fusions)}")
     lines += ["", "apply it:"]
     for r in res.realized:
-        if r.library == "pytorch-ddp":
+        if r.library in ("pytorch-ddp", "horovod") and r.settings.get("keep_default"):
+            what = "DDP's default buckets" if r.library == "pytorch-ddp" else "Horovod's default fusion"
+            lines.append(f"  {'PyTorch DDP' if r.library == 'pytorch-ddp' else 'Horovod'}: keep {what} (nothing "
+                         f"predicted {100 * MIN_GAIN:g} % faster)  -> {_ms(r.iteration_us)} predicted")
+        elif r.library == "pytorch-ddp":
             lines.append(f"  PyTorch DDP: DistributedDataParallel(..., bucket_cap_mb={r.settings['bucket_cap_mb']:.4g})"
                          f"  -> {_ms(r.iteration_us)} predicted (ddp.json)")
         elif r.library == "horovod":

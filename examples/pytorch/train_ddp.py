@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dpro_strategy:
         from dpro.optimizer.apply import ddp_kwargs
 
-        args.bucket_cap_mb = ddp_kwargs(args.dpro_strategy)["bucket_cap_mb"]
+        args.bucket_cap_mb = ddp_kwargs(args.dpro_strategy).get("bucket_cap_mb")  # None: DDP's default
     _check_args(p, args)
     return args
 
