@@ -172,7 +172,8 @@ def main() -> None:
                     hm[name].append(measure_horovod(args, extra, env, out, net))
             for name, _, _, pred in hvd_configs:
                 hvd_rows.append({"config": name, "predicted_us": pred, "measured_us": statistics.median(hm[name]),
-                                 "runs_us": hm[name], "groups": len(plan["groups"])})
+                                 "runs_us": hm[name], "groups": len(plan["groups"] or []),
+                                 "keep_default": bool(plan.get("keep_default"))})
         for name, c, _ in ([] if args.no_ddp else configs):
             pred = iteration_us(m, ddp_strategy(m, c))
             meas = statistics.median(measured[name])
@@ -197,6 +198,8 @@ def main() -> None:
     for r in hvd_rows:
         pred = "n/a" if r["predicted_us"] is None else f"{r['predicted_us'] / 1e3:.1f}ms"
         print(f"{r['config']:<26}{'':>10}{pred:>12}{r['measured_us'] / 1e3:>10.1f}ms")
+    if hvd_rows and hvd_rows[0]["keep_default"]:
+        print("(dpro's horovod.json keeps Horovod's default fusion: no setting predicted >= 1 % faster)")
 
 
 if __name__ == "__main__":
