@@ -116,7 +116,7 @@ def replay(
     from dpro.replayer.overhead import job_overhead
 
     ov = job_overhead(gt.workers())
-    # the job as it runs unprofiled: each worker's measured overhead off its host-side ops
+    # the job as it runs unprofiled: each worker's CPU ops scaled by its measured overhead (replayer.overhead)
     unprof = None
     if ov is not None and ov.factor != 1.0:
         unprof = run_replay(gt, BuildOptions(expand_collectives=not no_expand, remove_overhead=True),

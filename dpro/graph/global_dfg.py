@@ -36,8 +36,8 @@ class BuildOptions:
     link_cost: LinkCost | None = None
     #: restrict to these steps (default: the manifest's)
     steps: list[int] | None = None
-    #: take each worker's measured profiling overhead (dpro.replayer.overhead) off its
-    #: host-side ops: predict the job as it runs unprofiled
+    #: scale each worker's CPU ops by its measured profiling overhead (dpro.replayer.overhead):
+    #: predict the job as it runs unprofiled
     remove_overhead: bool = False
 
 
