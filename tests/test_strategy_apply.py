@@ -13,6 +13,7 @@ import pytest
 from hvd_util import horovod_skip_reason, horovodrun
 
 from dpro.gtrace.io import load_gtrace
+from dpro.optimizer import libraries as lib
 
 pytest.importorskip("torch")
 
@@ -48,9 +49,29 @@ def strategy(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_ddp_builds_the_predicted_buckets(strategy, tmp_path):
+@pytest.mark.parametrize("which", ["dpro's", "a set cap", "keep default"])
+def test_ddp_builds_the_predicted_buckets(strategy, tmp_path, which):
     plan = json.loads((strategy / "ddp.json").read_text())
-    assert plan["bucket_cap_mb"] > 0 and plan["buckets"]
+    assert plan["buckets"]
+    if plan.get("keep_default"):  # dpro predicted no gain over DDP's 25 MB buckets: the job keeps them
+        assert plan["bucket_cap_mb"] is None
+    else:
+        assert plan["bucket_cap_mb"] > 0
+    if which != "dpro's":  # hand-written ddp.json files, so that both kinds are always exercised
+        order = [p for b in plan["buckets"] for p in b]  # gradient-ready order
+        size = {t.name: t.bytes for nt in load_gtrace(strategy.parent / "trace").workers() for t in nt.tensors}
+        sizes = [size[p] for p in order]
+        if which == "a set cap":
+            cap_mb = sorted(sizes)[len(order) // 2] / lib.MiB
+            plan = {"bucket_cap_mb": cap_mb, "buckets": lib.ddp_buckets(sizes, int(cap_mb * lib.MiB))}
+            assert len(plan["buckets"]) > 1
+        else:
+            plan = {"bucket_cap_mb": None, "keep_default": True,
+                    "buckets": lib.ddp_buckets(sizes, lib.DDP_DEFAULT_CAP_BYTES, lib.DDP_FIRST_BUCKET_BYTES)}
+        plan["buckets"] = [[order[i] for i in b] for b in plan["buckets"]]
+        strategy = tmp_path / "s"
+        strategy.mkdir()
+        (strategy / "ddp.json").write_text(json.dumps(plan))
     _dpro("profile", "-o", str(tmp_path / "t"), "--warmup", "2", "--steps", "2", "--",
           *_torchrun(29672, str(EX / "ddp_recorder.py"), "--model", "mlp", "--steps", "5",
                      "--dpro-strategy", str(strategy)))
