@@ -83,6 +83,23 @@ def test_steps_after_the_window_are_timed(profiled):
         after = nt.meta["step_wall_after_us"]
         assert len(after) == 3 and all(w > 0 for w in after)
         assert measured_overhead(nt) is not None  # 1 settled call: the warm-up's pace
+        # CPU over the same calls: the process's, the training thread's (which does the
+        # computation: one intra-op thread) and so the collectives' (dpro.optimizer.contention)
+        cpu, after_cpu = nt.meta["cpu"], nt.meta["cpu_after_us"]
+        assert cpu["threads"] == 1 and cpu["cores"] >= 1 and after_cpu["calls"] == 3
+        assert 0 < after_cpu["thread"] < after_cpu["process"] <= cpu["cores"] * sum(after) * 1.05
+
+
+def test_contention_measured_on_the_real_job(profiled):
+    """The optimizer's CPU share of a rank, from the real job: on loopback gloo's threads
+    keep a good part of a core busy while a collective runs (measured here: 0.6-0.8)."""
+    from dpro.optimizer.model import job_model
+
+    res = replay(load_gtrace(profiled))
+    m = job_model(load_gtrace(profiled), res.build.link_cost, res.steps)
+    assert m.cpu is not None and m.cpu.threads == 1
+    assert m.cpu.cores == pytest.approx(len(__import__("os").sched_getaffinity(0)) / 2)
+    assert 0.05 < m.cpu.kappa <= m.cpu.cores
 
 
 @pytest.mark.slow

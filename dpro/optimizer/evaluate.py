@@ -26,6 +26,7 @@ import numpy as np
 
 from dpro.graph.comm_model import ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
+from dpro.optimizer import contention
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.strategy import Strategy
 from dpro.replayer.engine import Schedule, simulate
@@ -359,9 +360,21 @@ def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, device
     return BuiltGraph(g, np.array([kind[h] for h in keep]), np.array([group[h] for h in keep]), nops, node_of_op)
 
 
+def replay(model: JobModel, built: BuiltGraph) -> Schedule:
+    """Replay ``built``; in a CPU-only job whose collectives take CPU from its computation
+    (``model.cpu``), with host ops and transfers slowed while they overlap
+    (:mod:`dpro.optimizer.contention`)."""
+    g = built.graph
+    loss = model.cpu.loss if model.cpu is not None else 0.0
+    if loss <= 0:
+        return simulate(g)
+    host = np.array([d.startswith("cpu") for d in g.devices], dtype=bool)[g.device]
+    return contention.replay(g, (built.kind == KIND_COMP) & host, built.kind == KIND_XFER, loss)
+
+
 def iteration_us(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> float:
     """Predicted iteration time of ``strategy`` (µs)."""
-    return simulate(build(model, strategy, coarsen=coarsen).graph).makespan
+    return replay(model, build(model, strategy, coarsen=coarsen)).makespan
 
 
 def sync_time(model: JobModel, nbytes: int, k: int) -> float:
@@ -401,7 +414,7 @@ def analyse(model: JobModel, strategy: Strategy) -> Analysis:
 
     built = build(model, strategy)
     g = built.graph
-    sched = simulate(g)
+    sched = replay(model, built)
     n = g.n
     src, dst = g.edges()
     order = np.lexsort((sched.end, sched.start))

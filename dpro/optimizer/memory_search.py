@@ -13,13 +13,12 @@ import logging
 from dataclasses import dataclass, field
 
 from dpro.errors import DproInputError
-from dpro.optimizer.evaluate import analyse, build
+from dpro.optimizer.evaluate import analyse, build, replay
 from dpro.optimizer.memory import strategy_memory
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.strategy import Strategy
 from dpro.passes.base import Candidate, GraphPass, PassContext
 from dpro.progress import Tick, _noop
-from dpro.replayer.engine import simulate
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ class CannotFit(DproInputError):
 
 def evaluate_memory(model: JobModel, st: Strategy, changes: tuple[str, ...] = ()) -> MemoryChoice:
     built = build(model, st)
-    sched = simulate(built.graph)
+    sched = replay(model, built)
     return MemoryChoice(st, sched.makespan, strategy_memory(model, st, built, sched).peak_bytes, changes)
 
 

@@ -23,6 +23,8 @@ import numpy as np
 
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
+from dpro.graph.global_dfg import ACCELERATORS
+from dpro.optimizer.contention import CpuShare, measured_share, overlap
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
 from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
@@ -78,6 +80,8 @@ class JobModel:
     notes: list[str] = field(default_factory=list)
     #: the profiling overhead the recorder measured (taken out of the ops), if any
     overhead: Overhead | None = None
+    #: CPU contention between computation and collectives (dpro.optimizer.contention), if measured
+    cpu: CpuShare | None = None
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
     memory: dict | None = None
     #: module -> {"eager_us", "compiled_us"} measured by the recorder (``--measure-compile``)
@@ -148,6 +152,8 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
             ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, 0.0, 0.0, 0.0, op.layer)
         else:
             ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, s.dur, s.gap, s.offset, op.layer)
+    cpu, link, cnotes = _contention(gt, rep, st0, steps, ops, link)
+    notes += cnotes
     overhead = measured_overhead(rep) if remove_overhead else None
     if overhead is not None:
         notes += _remove_overhead(overhead, ops)
@@ -196,7 +202,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
         notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
-        compile=_compile_facts(rep.meta.get("compile")),
+        compile=_compile_facts(rep.meta.get("compile")), cpu=cpu,
     )
 
 
@@ -215,6 +221,65 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
         if tensor == f"bucket{b.get('index')}":
             return list(b.get("params", []))
     return []
+
+
+def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dict[str, CompOp],
+                link: LinkCost) -> tuple[CpuShare | None, LinkCost, list[str]]:
+    """The rank's CPU share (dpro.optimizer.contention) and, where its collectives took CPU
+    from its computation, the ops' own times and the link cost without that contention.
+
+    Per typical step, each host op's overlap with the collectives (and each collective's
+    with the host ops) is measured on the trace; the median over steps is taken off as
+    ``loss x overlap``. ``ops`` is changed in place; returns (share, link, notes)."""
+    if any(o.device.startswith(ACCELERATORS) for o in rep.ops.values()):
+        return None, link, []
+    host = sorted(o for o in ops if ops[o].device.startswith("cpu") and o in st and st[o].samples)
+    comm = sorted(o.id for o in rep.ops.values() if o.cat == "COMM" and o.id in st and st[o.id].samples)
+    steps = [s for s in steps if all(s in st[o].samples for o in comm)]
+    if not host or not comm or not steps:
+        return None, link, []
+
+    def spans(ids: list[str], s: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = [st[o].samples.get(s, (np.nan, np.nan, 0.0)) for o in ids]
+        return np.array([r[0] for r in rows], float), np.array([r[1] for r in rows], float)
+
+    per_step = [(spans(host, s), spans(comm, s)) for s in steps]
+    busy = float(np.median([_union(cs, ce) for _, (cs, ce) in per_step]))
+    local = sum(1 for w in gt.workers() if w.info.host == rep.info.host)
+    share = measured_share(rep.meta, local, busy)
+    if share is None or share.loss <= 0:
+        return share, link, []
+    o_host, o_comm = [], []
+    for (hs, he), (cs, ce) in per_step:
+        ok_h, ok_c = ~np.isnan(hs), ~np.isnan(cs)
+        oh = np.full(len(hs), np.nan)
+        oh[ok_h] = overlap(hs[ok_h], he[ok_h], cs[ok_c], ce[ok_c])
+        o_host.append(oh)
+        o_comm.append(overlap(cs, ce, hs[ok_h], he[ok_h]))
+    oh = np.nan_to_num(np.nanmedian(np.array(o_host), axis=0))
+    oc = np.median(np.array(o_comm), axis=0)
+    for o, x in zip(host, oh):
+        ops[o].dur = max(0.0, ops[o].dur - share.loss * x)
+    measured = sum(st[o].dur for o in comm)
+    r = max(0.0, measured - share.loss * float(oc.sum())) / measured if measured > 0 else 1.0
+    link = LinkCost(link.alpha * r, link.beta * r, link.samples, link.fit_error)
+    return share, link, [
+        f"CPU contention: collectives keep {share.kappa:.2f} cores busy on a rank with {share.cores:.2g}; "
+        f"computation and communication slowed {100 * share.loss:.0f}% while overlapped "
+        f"({float(oh.sum()) / 1e3:.2f} ms of host ops and {float(oc.sum()) / 1e3:.2f} ms of collectives taken "
+        f"back per step)"]
+
+
+def _union(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of the intervals."""
+    ok = ~np.isnan(start)
+    s, e = start[ok], end[ok]
+    if len(s) == 0:
+        return 0.0
+    i = np.argsort(s)
+    s, e = s[i], np.maximum.accumulate(e[i])
+    gaps = np.maximum(0.0, s[1:] - e[:-1]).sum()
+    return float(e[-1] - s[0] - gaps)
 
 
 def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:

@@ -14,7 +14,10 @@ keeping Horovod's timeline writer parked, dpro.profiler.horovod_writer). The ``a
 calls that follow the window are timed too (two clock reads each) and their wall times
 added to the rank's ``meta.json`` (``step_wall_after_us``): the job's settled pace without
 the profiler, which `dpro replay` uses to take the profiler's overhead out of its
-prediction.
+prediction. Over the same calls the process's and the training thread's CPU time are
+added (``cpu_after_us``; two more clock reads each): what the other threads — the
+communication library's — cost, for the optimizer's CPU-contention model
+(dpro.optimizer.contention).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class Recorder:
         self.done = False
         #: wall µs of the calls after the window while they are being timed, else None
         self._after: list[float] | None = None
+        #: CPU µs of the process and of the calling thread over those calls
+        self._cpu_after = [0.0, 0.0]
         self._lock = threading.Lock()
         self._backend: Backend | None = None
         if self.config.enabled:
@@ -124,9 +129,11 @@ class Recorder:
             if not failed and self.config.after > 0 and getattr(self._backend, "meta_path", None) is not None:
                 self._after = []
 
-    def _after_step(self, wall_us: float) -> None:
+    def _after_step(self, wall_us: float, process_us: float, thread_us: float) -> None:
         assert self._after is not None
         self._after.append(wall_us)
+        self._cpu_after[0] += process_us
+        self._cpu_after[1] += thread_us
         if len(self._after) >= self.config.after:
             self._write_after()
 
@@ -139,6 +146,7 @@ class Recorder:
         try:
             meta = read_json(path)
             meta["step_wall_after_us"] = walls
+            meta["cpu_after_us"] = {"process": self._cpu_after[0], "thread": self._cpu_after[1], "calls": len(walls)}
             write_json(path, meta)
         except Exception as e:  # noqa: BLE001 - never break the training job
             log.warning("dpro: could not add the steps after the window to %s: %s", path, e)
@@ -151,9 +159,10 @@ class Recorder:
             if self.done:
                 if self._after is None:
                     return fn(*args, **kwargs)
-                t0 = time.perf_counter()
+                p0, c0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
                 out = fn(*args, **kwargs)
-                self._after_step((time.perf_counter() - t0) * 1e6)
+                t1 = time.perf_counter()
+                self._after_step((t1 - t0) * 1e6, (time.process_time() - p0) * 1e6, (time.thread_time() - c0) * 1e6)
                 return out
             state = self._begin()
             t0 = time.perf_counter()

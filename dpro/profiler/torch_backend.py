@@ -56,6 +56,14 @@ def _rank_world() -> tuple[int, int, str | None]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), None
 
 
+def _cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class TorchBackend:
     """Records one rank of a PyTorch job."""
 
@@ -223,6 +231,8 @@ class TorchBackend:
             "buckets": [self.buckets[k] for k in sorted(self.buckets)],
             "memory": self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
             **({"compile": compiled} if compiled else {}),
+            # the rank's CPUs and the computation's threads (dpro.optimizer.contention)
+            "cpu": {"cores": _cores(), "threads": torch.get_num_threads()},
             # wall µs of each call of the step function, warm-up and window (dpro.profiler.overhead)
             "step_wall_us": list(getattr(self, "step_wall_us", [])),
             # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
