@@ -101,3 +101,32 @@ def test_trace_is_taken_back_to_uncontended_times(facts):
     # = 12 µs), both at 2/3 pace while they overlap: the transfer ends at 18 µs, d (12 µs
     # done by then) at 26 µs.
     assert iteration_us(m, Strategy.from_groups(m.baseline_groups)) == pytest.approx(10.0 + 26.0, rel=1e-3)
+
+
+def test_representative_worker_agrees_best_with_the_full_replay():
+    """Worker 1 computes 3x longer before its collective: the one-worker model of each
+    worker is compared with the full replay of the job as profiled, and the closest is
+    kept (dpro.optimizer.optimize.representative)."""
+    from dpro.gtrace.schema import Event, GTrace, Manifest
+    from dpro.optimizer.evaluate import iteration_us
+    from dpro.optimizer.model import job_model
+    from dpro.optimizer.optimize import representative
+    from dpro.optimizer.strategy import Strategy
+    from dpro.replayer.replay import replay as full_replay
+
+    ws = [_worker(r, None) for r in (0, 1)]
+    for e in ws[1].events:  # a 30 µs on worker 1; d and c start after it
+        if e.op == "a":
+            e.dur = 30.0
+        else:
+            e.ts += 20.0
+    for w in ws:
+        w.steps = {k: (1000.0 * k, 60.0) for k in w.steps}
+    gt = GTrace(Manifest("pytorch", "allreduce", "gloo", 2, [w.info for w in ws], [5, 6, 7]), {w.info.name: w for w in ws})
+    r = full_replay(gt, align_clocks=False)
+    gaps = {}
+    for name in ("worker0", "worker1"):
+        m = job_model(gt, r.build.link_cost, r.steps, worker=name)
+        gaps[name] = abs(iteration_us(m, Strategy.from_groups(m.baseline_groups)) - r.predicted_iteration_us)
+    assert gaps["worker0"] != pytest.approx(gaps["worker1"]), gaps
+    assert representative(gt, r).worker == min(gaps, key=gaps.get)

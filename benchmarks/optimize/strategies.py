@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,7 @@ def main() -> None:
     p.add_argument("--horovod", action="store_true", help="also Horovod: defaults, dpro's groups, autotune")
     p.add_argument("--cap-mbit", type=float, default=None, help="per-rank bandwidth cap (network namespaces, root)")
     p.add_argument("--no-ddp", action="store_true", help="with --horovod: Horovod only")
+    p.add_argument("--keep", type=Path, default=None, help="copy the traces and strategies here")
     args = p.parse_args()
     if args.no_ddp and not args.horovod:
         p.error("--no-ddp needs --horovod")
@@ -180,13 +182,17 @@ def main() -> None:
             rows.append({"config": name, "bucket_cap_mb": c, "buckets": len(ddp_strategy(m, c).groups),
                          "predicted_us": pred, "measured_us": meas, "error_pct": 100 * (pred - meas) / meas,
                          "runs_us": measured[name]})
+        if args.keep is not None:
+            for d in ("trace", "strategy", "hvd_trace", "hvd_strategy"):
+                if (tmp / d).is_dir():
+                    shutil.copytree(tmp / d, args.keep / d, dirs_exist_ok=True)
     for r in rows:
         base = rows[0]
         r["predicted_speedup"] = base["predicted_us"] / r["predicted_us"]
         r["measured_speedup"] = base["measured_us"] / r["measured_us"]
     if args.json:
         print(json.dumps({"model": args.model, "nproc": args.nproc, "cap_mbit": args.cap_mbit, "rows": rows,
-                          "horovod": hvd_rows}, indent=1))
+                          "horovod": hvd_rows, "notes": [] if args.no_ddp else res.notes}, indent=1))
         return
     where = "loopback" if not args.cap_mbit else f"netns, {args.cap_mbit:g} Mbit/s per rank"
     print(f"model {args.model}, {args.nproc} ranks (gloo, {where}), medians of {args.repeats} runs x {args.steps - 5} steps")

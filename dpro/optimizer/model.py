@@ -1,8 +1,9 @@
 """The job as the optimizer sees it: one representative worker and its gradient units.
 
 Workers of a data-parallel job run the same graph, so the optimizer keeps **one worker**
-(the paper's *symmetry*): every computation op with its mean own time + host gap over
-the ranks and typical steps (:mod:`dpro.graph.stats`), the local edges between
+(the paper's *symmetry*; which one: :func:`job_model`'s ``worker``): every computation
+op of that worker with its mean own time + host gap over the typical steps
+(:mod:`dpro.graph.stats`), the local edges between
 computation ops, and the **gradient units** that are synchronised: one per gradient
 tensor when the profiler recorded them (dpro's Recorder), else one per recorded
 collective (imported traces). A unit knows its bytes, the ops that must end before it
@@ -80,6 +81,8 @@ class JobModel:
     notes: list[str] = field(default_factory=list)
     #: the profiling overhead the recorder measured (taken out of the ops), if any
     overhead: Overhead | None = None
+    #: the worker that stands for all (see job_model)
+    worker: str = ""
     #: CPU contention between computation and collectives (dpro.optimizer.contention), if measured
     cpu: CpuShare | None = None
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
@@ -115,13 +118,15 @@ class JobModel:
 
 
 def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None, *,
-              remove_overhead: bool = True) -> JobModel:
+              remove_overhead: bool = True, worker: str | None = None) -> JobModel:
     """Extract the optimizer's model from a (clock-aligned) gTrace.
 
     ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
     synchronisation cannot be modelled and the trace is refused. ``remove_overhead``:
     where the recorder measured its own overhead (:mod:`dpro.replayer.overhead`), take it
     out of the host-side ops, so that predictions are of the job as it runs unprofiled.
+    ``worker`` names the worker that stands for all (default: the slowest;
+    :func:`dpro.optimizer.optimize.optimize` picks by agreement with the full replay).
     """
     where = gt.source or gt.manifest.meta.get("source") or "<trace>"
     if gt.manifest.scheme == "ps":
@@ -137,12 +142,14 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     per_rank = [node_stats(nt, steps) for nt in workers]
     # The slowest worker stands for all: a synchronous job runs at its straggler's pace.
     load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
-    r = int(np.argmax(load))
+    names = [w.info.name for w in workers]
+    r = names.index(worker) if worker in names else int(np.argmax(load))
     rep, st0 = workers[r], per_rank[r]
     notes = []
     if len(load) > 1 and min(load) > 0 and max(load) / min(load) > 1.1:
+        who = "the slowest, " if r == int(np.argmax(load)) else ""
         notes.append(f"workers are imbalanced (computation {min(load) / 1e3:.1f}-{max(load) / 1e3:.1f} ms): "
-                     f"the slowest, {rep.info.name}, stands for all")
+                     f"{who}{rep.info.name} ({load[r] / 1e3:.1f} ms) stands for all")
     ops: dict[str, CompOp] = {}
     for op in rep.ops.values():
         if op.cat == "COMM":
@@ -202,7 +209,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
         notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
-        compile=_compile_facts(rep.meta.get("compile")), cpu=cpu,
+        compile=_compile_facts(rep.meta.get("compile")), cpu=cpu, worker=rep.info.name,
     )
 
 
