@@ -130,3 +130,17 @@ def test_representative_worker_agrees_best_with_the_full_replay():
         gaps[name] = abs(iteration_us(m, Strategy.from_groups(m.baseline_groups)) - r.predicted_iteration_us)
     assert gaps["worker0"] != pytest.approx(gaps["worker1"]), gaps
     assert representative(gt, r).worker == min(gaps, key=gaps.get)
+
+
+def test_no_term_for_horovod():
+    """Horovod's background thread negotiates every cycle: the CPU beside the training
+    thread is not the collectives', so the facts are not used."""
+    from dpro.graph.comm_model import LinkCost
+    from dpro.gtrace.schema import GTrace, Manifest
+    from dpro.optimizer.model import job_model
+
+    cpu = {"cpu": {"cores": 2, "threads": 1}, "cpu_after_us": {"process": 400.0, "thread": 250.0, "calls": 10}}
+    ws = [_worker(r, cpu) for r in (0, 1)]
+    gt = GTrace(Manifest("pytorch", "allreduce", "horovod", 2, [w.info for w in ws], [5, 6, 7]), {w.info.name: w for w in ws})
+    m = job_model(gt, LinkCost(3.0, 0.003), [5, 6, 7])
+    assert m.cpu is None and m.ops["d"].dur == 30.0

@@ -240,6 +240,10 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
     ``loss x overlap``. ``ops`` is changed in place; returns (share, link, notes)."""
     if any(o.device.startswith(ACCELERATORS) for o in rep.ops.values()):
         return None, link, []
+    if gt.manifest.library == "horovod":
+        # Horovod's background thread negotiates every cycle whether or not a collective
+        # runs: the CPU beside the training thread is not the collectives' (docs/optimizer.md)
+        return None, link, []
     host = sorted(o for o in ops if ops[o].device.startswith("cpu") and o in st and st[o].samples)
     comm = sorted(o.id for o in rep.ops.values() if o.cat == "COMM" and o.id in st and st[o.id].samples)
     steps = [s for s in steps if all(s in st[o].samples for o in comm)]
