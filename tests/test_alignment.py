@@ -152,8 +152,9 @@ def test_real_replay_with_and_without_alignment(ddp4):
     collective's busy period runs from the last rank's start to the last rank's end).
     Skew moves that fit, hence the prediction, by an amount that saturates once one host
     is always "last" (0.9 - 14 points on the recordings in docs/alignment.md); alignment
-    brings both back.  The unskewed reference is the recorded trace, or, when its events
-    contradict its own single clock (see docs/alignment.md), that trace aligned."""
+    brings both back to those of the aligned unskewed trace.  The unskewed reference is
+    the recorded trace, or, when its events contradict its own single clock (see
+    docs/alignment.md), that trace aligned."""
     from dpro.replayer.replay import replay
 
     r0 = align(ddp4)
@@ -166,14 +167,18 @@ def test_real_replay_with_and_without_alignment(ddp4):
 
     t0 = step_us(base)
     # what alignment reproduces exactly (it is shift-equivariant) is the aligned unskewed trace,
-    # whose link fit can differ from the raw one by a few % where offsets are not identifiable
-    t_aligned = step_us(replay(apply_offsets(ddp4, r0.offsets_us), align_clocks=False))
+    # whose link fit and prediction can differ from the raw one where offsets are not
+    # identifiable (up to REAL_IDENTIFIABLE_US: a 4 ms offset moved one recording's
+    # prediction by 1.7 points)
+    aligned = replay(apply_offsets(ddp4, r0.offsets_us), align_clocks=False)
+    t_aligned = step_us(aligned)
+    assert abs(aligned.error_pct - base.error_pct) <= 3.0, (base.error_pct, aligned.error_pct, r0.offsets_us)
     worst_err = worst_link = 0.0
     for d in (-100_000.0, -30_000.0, -10_000.0, 10_000.0, 30_000.0, 100_000.0):
         skewed = inject(ddp4, {"hostB": d})
         raw = replay(skewed, align_clocks=False)
         fixed = replay(skewed)  # aligned by default
-        assert abs(fixed.error_pct - base.error_pct) <= 1.0, (d, base.error_pct, raw.error_pct, fixed.error_pct)
+        assert abs(fixed.error_pct - aligned.error_pct) <= 1.0, (d, aligned.error_pct, raw.error_pct, fixed.error_pct)
         assert abs(step_us(fixed) / t_aligned - 1) <= 0.05
         worst_err = max(worst_err, abs(raw.error_pct - base.error_pct))
         worst_link = max(worst_link, abs(step_us(raw) / t0 - 1))

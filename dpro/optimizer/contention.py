@@ -23,15 +23,12 @@ back to their uncontended values the same way.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dpro.graph.compiled import CompiledGraph
 from dpro.replayer.engine import Schedule, simulate
-
-log = logging.getLogger(__name__)
 
 #: fixed-point rounds of :func:`replay`
 ROUNDS = 10

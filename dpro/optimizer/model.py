@@ -25,9 +25,9 @@ import numpy as np
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import ACCELERATORS
-from dpro.optimizer.contention import CpuShare, measured_share, overlap
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
+from dpro.optimizer.contention import CpuShare, measured_share, overlap
 from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ class JobModel:
     overhead: Overhead | None = None
     #: the worker that stands for all (see job_model)
     worker: str = ""
+    #: every worker's computation per step (own time + host gaps, µs), by name
+    loads: dict[str, float] = field(default_factory=dict)
     #: CPU contention between computation and collectives (dpro.optimizer.contention), if measured
     cpu: CpuShare | None = None
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
@@ -140,7 +142,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         raise DproInputError(where, "has no worker node to optimize")
     steps = steps or typical_steps(list(gt.nodes.values()), gt.manifest.steps)
     per_rank = [node_stats(nt, steps) for nt in workers]
-    # The slowest worker stands for all: a synchronous job runs at its straggler's pace.
+    # By default the slowest worker stands for all: a synchronous job runs at its straggler's pace.
     load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
     names = [w.info.name for w in workers]
     r = names.index(worker) if worker in names else int(np.argmax(load))
@@ -210,6 +212,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
         notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
         compile=_compile_facts(rep.meta.get("compile")), cpu=cpu, worker=rep.info.name,
+        loads=dict(zip(names, load)),
     )
 
 

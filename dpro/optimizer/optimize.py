@@ -205,10 +205,9 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
     full replay (both without the profiling overhead) stands for all."""
     link, steps = r.build.link_cost, r.steps
     first = job_model(gt, link, steps)
-    workers = gt.workers()
-    if len(workers) < 2:
+    if len(first.loads) < 2:
         return first
-    loads = sorted((_load(gt, w, steps), w.info.name) for w in workers)
+    loads = sorted((v, k) for k, v in first.loads.items())
     picks = dict.fromkeys([loads[-1][1], loads[0][1], loads[len(loads) // 2][1]])
     best, best_gap = first, None
     for name in picks:
@@ -219,14 +218,6 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
         if best_gap is None or gap < best_gap - 1e-6:
             best, best_gap = m, gap
     return best
-
-
-def _load(gt: GTrace, w, steps: list[int]) -> float:
-    """A worker's computation per step (own time + host gaps of its non-COMM ops), µs."""
-    from dpro.graph.stats import node_stats
-
-    st = node_stats(w, steps)
-    return sum(s.dur + s.gap for o, s in st.items() if w.ops[o].cat != "COMM")
 
 
 def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
