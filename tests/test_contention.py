@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dpro.graph.compiled import compile_graph
-from dpro.optimizer.contention import CpuShare, measured_share, overlap, replay
+from dpro.optimizer.contention import CpuShare, measured_share, overlap, replay, union_length
 
 
 def test_overlap_with_a_union_of_intervals():
@@ -15,6 +15,7 @@ def test_overlap_with_a_union_of_intervals():
     got = overlap(np.array([0.0, 5.0, 10.0, 0.0, 50.0]), np.array([10.0, 6.0, 20.0, 30.0, 60.0]), busy_s, busy_e)
     assert got.tolist() == [5.0, 1.0, 3.0, 13.0, 0.0]
     assert overlap(np.array([0.0]), np.array([1.0]), np.array([]), np.array([])).tolist() == [0.0]
+    assert union_length(busy_s, busy_e) == 5.0 + 3.0 + 15.0
 
 
 @pytest.mark.parametrize("share,loss", [

@@ -49,18 +49,29 @@ class CpuShare:
         return max(0.0, 1.0 - self.cores / (min(self.threads, self.cores) + self.kappa))
 
 
+def _merge(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the intervals as disjoint intervals, sorted (starts, ends)."""
+    order = np.argsort(start, kind="stable")
+    bs, be = np.asarray(start, float)[order], np.maximum.accumulate(np.asarray(end, float)[order])
+    new = np.ones(len(bs), dtype=bool)
+    new[1:] = bs[1:] > be[:-1]
+    return bs[new], np.append(be[np.flatnonzero(new)[1:] - 1], be[-1])
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of the intervals (µs)."""
+    if len(start) == 0:
+        return 0.0
+    ms, me = _merge(start, end)
+    return float((me - ms).sum())
+
+
 def overlap(start: np.ndarray, end: np.ndarray, busy_start: np.ndarray, busy_end: np.ndarray) -> np.ndarray:
     """Per interval [start, end), its overlap with the union of the busy intervals (µs)."""
     start, end = np.asarray(start, float), np.asarray(end, float)
     if len(busy_start) == 0 or len(start) == 0:
         return np.zeros(len(start))
-    order = np.argsort(busy_start, kind="stable")
-    bs, be = np.asarray(busy_start, float)[order], np.asarray(busy_end, float)[order]
-    # merge into disjoint intervals
-    be = np.maximum.accumulate(be)
-    new = np.ones(len(bs), dtype=bool)
-    new[1:] = bs[1:] > be[:-1]
-    ms, me = bs[new], np.append(be[np.flatnonzero(new)[1:] - 1], be[-1])
+    ms, me = _merge(busy_start, busy_end)
     cum = np.concatenate([[0.0], np.cumsum(me - ms)])
 
     def covered(x: np.ndarray) -> np.ndarray:  # busy length in (-inf, x]

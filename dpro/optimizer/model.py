@@ -27,7 +27,7 @@ from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import ACCELERATORS
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.optimizer.contention import CpuShare, measured_share, overlap
+from dpro.optimizer.contention import CpuShare, measured_share, overlap, union_length
 from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
         return np.array([r[0] for r in rows], float), np.array([r[1] for r in rows], float)
 
     per_step = [(spans(host, s), spans(comm, s)) for s in steps]
-    busy = float(np.median([_union(cs, ce) for _, (cs, ce) in per_step]))
+    busy = float(np.median([union_length(cs[~np.isnan(cs)], ce[~np.isnan(cs)]) for _, (cs, ce) in per_step]))
     local = sum(1 for w in gt.workers() if w.info.host == rep.info.host)
     share = measured_share(rep.meta, local, busy)
     if share is None or share.loss <= 0:
@@ -282,18 +282,6 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
         f"computation and communication slowed {100 * share.loss:.0f}% while overlapped "
         f"({float(oh.sum()) / 1e3:.2f} ms of host ops and {float(oc.sum()) / 1e3:.2f} ms of collectives taken "
         f"back per step)"]
-
-
-def _union(start: np.ndarray, end: np.ndarray) -> float:
-    """Length of the union of the intervals."""
-    ok = ~np.isnan(start)
-    s, e = start[ok], end[ok]
-    if len(s) == 0:
-        return 0.0
-    i = np.argsort(s)
-    s, e = s[i], np.maximum.accumulate(e[i])
-    gaps = np.maximum(0.0, s[1:] - e[:-1]).sum()
-    return float(e[-1] - s[0] - gaps)
 
 
 def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
