@@ -27,7 +27,8 @@ def print_replay(res: ReplayResult, path: Path, top: int = 15, timeline: Path | 
     con.print(
         f"  {res.graph.n} ops on {len(res.graph.devices)} devices; "
         f"{res.build.expanded} collectives on the ring model"
-        + (f" (alpha {lc.alpha:.1f} us/step, {1 / lc.beta / 1e3:.1f} MB/s per link)" if lc and lc.beta > 0 else "")
+        + (f" (alpha {lc.alpha:.1f} us/step{'' if lc.latency_known else ' (one collective shape: not measurable)'}, "
+           f"{1 / lc.beta:.1f} MB/s per link)" if lc and lc.beta > 0 else "")
         + f", {res.build.kept_coarse} with measured times"
     )
     t = Table(title="breakdown per worker (mean)", show_edge=False)

@@ -321,3 +321,18 @@ def test_symmetry_all_workers_replay_the_same():
         m.world_size = world
         for st in (Strategy.from_groups([[0], [1]]), Strategy.from_groups([[0, 1]]), Strategy(((0,), (1,)), (2, 3))):
             assert simulate(build_all_workers(m, st)).makespan == pytest.approx(iteration_us(m, st)), (world, st)
+
+
+def test_latency_note_only_when_alpha_unmeasured_and_more_messages():
+    from dpro.graph.comm_model import fit_link_cost
+    from dpro.optimizer.optimize import latency_note
+
+    one = fit_link_cost([(1, 4096, 2, 100.0)] * 3)  # one bucket shape: alpha unknown
+    two = fit_link_cost([(1, 4096, 2, 100.0), (2, 1 << 20, 2, 900.0)])
+    start = Strategy.from_groups([[0, 1, 2]])
+    split = Strategy.from_groups([[0], [1], [2]])
+    (note,) = latency_note(one, start, split)
+    assert "2 more message(s)" in note and "upper bound" in note
+    assert latency_note(one, start, Strategy(((0, 1, 2),), (4,)))  # partition: 3 more pieces
+    assert latency_note(two, start, split) == []
+    assert latency_note(one, split, start) == []

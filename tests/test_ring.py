@@ -219,3 +219,11 @@ def test_fit_ignores_unusable_samples():
     lc = fit_link_cost(good + [(1, 0, 4, 5.0), (1, 1000, 1, 5.0)])
     assert lc.samples == 2
     assert lc.alpha == pytest.approx(2.0) and lc.beta == pytest.approx(0.01)
+
+
+def test_fit_counts_shapes_latency_known_only_with_two():
+    one = fit_link_cost([(1, 2048, 2, 4096.0)] * 3)
+    assert one.shapes == 1 and not one.latency_known
+    two = fit_link_cost([(1, b, 4, model(1, b, 4, 2.0, 0.01)) for b in (1000, 100_000)])
+    assert two.shapes == 2 and two.latency_known
+    assert LinkCost(1.0, 0.001).latency_known  # given, not fitted

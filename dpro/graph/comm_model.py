@@ -27,6 +27,13 @@ class LinkCost:
     samples: int = 0
     #: relative RMS error of the fit on its own samples
     fit_error: float = 0.0
+    #: distinct sample shapes (collectives, bytes per rank); with one, alpha cannot be
+    #: told from beta and the fit is bandwidth-only (0: not fitted from samples)
+    shapes: int = 0
+
+    @property
+    def latency_known(self) -> bool:
+        return self.shapes != 1
 
     def step_us(self, nbytes: float) -> float:
         return self.alpha + self.beta * nbytes
@@ -53,7 +60,8 @@ def fit_link_cost(samples: list[tuple[int, int, int, float]]) -> LinkCost | None
     alpha, beta = _lad_nonneg(np.stack([a_col, b_col], axis=1), y)
     pred = a_col * alpha + b_col * beta
     err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-    return LinkCost(float(alpha), float(beta), len(rows), err)
+    shapes = len(set(zip(a_col.tolist(), b_col.tolist())))
+    return LinkCost(float(alpha), float(beta), len(rows), err, shapes)
 
 
 def _lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:

@@ -276,7 +276,7 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
         ops[o].dur = max(0.0, ops[o].dur - share.loss * x)
     measured = sum(st[o].dur for o in comm)
     r = max(0.0, measured - share.loss * float(oc.sum())) / measured if measured > 0 else 1.0
-    link = LinkCost(link.alpha * r, link.beta * r, link.samples, link.fit_error)
+    link = LinkCost(link.alpha * r, link.beta * r, link.samples, link.fit_error, link.shapes)
     return share, link, [
         f"CPU contention: collectives keep {share.kappa:.2f} cores busy on a rank with {share.cores:.2g}; "
         f"computation and communication slowed {100 * share.loss:.0f}% while overlapped "

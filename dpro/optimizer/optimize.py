@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
@@ -220,6 +221,17 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
     return best
 
 
+def latency_note(link: LinkCost, start: Strategy, best: Strategy) -> list[str]:
+    """A warning when ``best`` sends more messages per step than ``start`` and the link's
+    per-message latency was not measurable (one collective shape in the profile)."""
+    more = sum(best.partitions) - sum(start.partitions)
+    if link.latency_known or more <= 0:
+        return []
+    return [f"every collective in the profile has the same shape, so the link's per-message latency could not be "
+            f"measured and is taken as 0: the gain of {more} more message(s) per step is an upper bound "
+            f"(docs/optimizer.md, Limits)"]
+
+
 def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
              budget_s: float = 30.0, align_clocks: bool = True, memory_budget: int | None = None,
              memory_passes: list[GraphPass] | None = None, micro_trace: GTrace | None = None,
@@ -268,6 +280,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         if fit is not None and peak_after > fit.budget_bytes:
             notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
                          "strategy without them")
+    notes += latency_note(model.link, start, best.strategy)
     ov = model.overhead  # the model is of the job unprofiled: compare with the replay scaled alike
     expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
     gap = 100.0 * (base["job as profiled"] - expect) / expect

@@ -49,7 +49,8 @@ class ReplayResult:
             "devices": len(self.graph.devices),
             "collectives_expanded": self.build.expanded,
             "collectives_measured": self.build.kept_coarse,
-            "link_cost": None if lc is None else {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "samples": lc.samples, "fit_error": lc.fit_error},
+            "link_cost": None if lc is None else {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "samples": lc.samples, "fit_error": lc.fit_error,
+                                                "shapes": lc.shapes},
             "steps": self.steps,
             "clock_offsets_us": None if self.alignment is None else self.alignment.offsets_us,
             "clock_alignment": None if self.alignment is None else {
