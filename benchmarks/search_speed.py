@@ -27,6 +27,7 @@ import numpy as np
 from dpro.graph.comm_model import LinkCost
 from dpro.optimizer.evaluate import build, build_all_workers, iteration_us
 from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.optimize import baselines
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
 from dpro.passes.registry import builtin_passes
@@ -119,7 +120,8 @@ def main() -> None:
     rows = {}
     for label, coarsen in (("default (symmetry, partial replay)", False), ("+ coarsened view", True)):
         t0 = time.perf_counter()
-        res = search(m, builtin_passes(), budget_s=a.budget, coarsen=coarsen)
+        # as `dpro optimize` runs it: from the job's grouping, no fusion and every baseline
+        res = search(m, builtin_passes(), budget_s=a.budget, coarsen=coarsen, extra_starts=baselines(m))
         dt = time.perf_counter() - t0
         rows[label] = {"time_s": dt, "evaluations": sum(r.evaluations for r in res), "converged": res[0].converged,
                        "before_us": iteration_us(m, base),

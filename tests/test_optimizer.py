@@ -332,7 +332,28 @@ def test_latency_note_only_when_alpha_unmeasured_and_more_messages():
     start = Strategy.from_groups([[0, 1, 2]])
     split = Strategy.from_groups([[0], [1], [2]])
     (note,) = latency_note(one, start, split)
-    assert "2 more message(s)" in note and "upper bound" in note
+    assert "sends 2 more message(s)" in note and "upper bound" in note
     assert latency_note(one, start, Strategy(((0, 1, 2),), (4,)))  # partition: 3 more pieces
     assert latency_note(two, start, split) == []
     assert latency_note(one, split, start) == []
+
+
+def test_search_never_ends_above_a_given_start():
+    """Every baseline is a start of the descent: with no pass to move (so the descents from
+    the job's grouping and from no fusion stay put), a better given start wins.
+    By hand (2 ranks, alpha 5, beta 0.1: a 100-byte sync is 2 steps of 10 µs): g1 apart
+    overlaps b2; g2 + g3 fused after b3: 72 µs; all apart 81, all fused 82."""
+    import dataclasses
+
+    m = chain_model([("fw", "FW", 10, 0), ("b1", "BW", 10, 0), ("b2", "BW", 20, 0), ("b3", "BW", 1, 0),
+                     ("upd", "UPDATE", 1, 0)],
+                    [Unit("g1", 100, ["b1"], ["upd"]), Unit("g2", 100, ["b2"], ["upd"]), Unit("g3", 100, ["b3"], ["upd"])],
+                    alpha=5, beta=0.1)
+    m = dataclasses.replace(m, baseline_groups=[[0, 1, 2]])
+    plain = search(m, [], budget_s=5)
+    assert sorted((r.start, r.iteration_us) for r in plain) == [("job's own grouping", 82.0), ("no fusion", 81.0)]
+    res = search(m, [], budget_s=5, extra_starts={"given": Strategy.from_groups([[0], [1, 2]]),
+                                                   "again": Strategy.from_groups([[0, 1, 2]])})  # duplicate: dropped
+    assert [(r.start, r.iteration_us) for r in res] == [("given", 72.0), ("no fusion", 81.0), ("job's own grouping", 82.0)]
+    # and with the passes, from any start, nothing above the best start
+    assert search(m, [TensorFusion(), TensorPartition()], budget_s=5)[0].iteration_us <= 72.0

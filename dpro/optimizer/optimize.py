@@ -228,8 +228,8 @@ def latency_note(link: LinkCost, start: Strategy, best: Strategy) -> list[str]:
     if link.latency_known or more <= 0:
         return []
     return [f"every collective in the profile has the same shape, so the link's per-message latency could not be "
-            f"measured and is taken as 0: the gain of {more} more message(s) per step is an upper bound "
-            f"(docs/optimizer.md, Limits)"]
+            f"measured and is taken as 0; the best strategy found sends {more} more message(s) per step than the job, "
+            f"so its predicted gain is an upper bound (docs/optimizer.md, Limits)"]
 
 
 def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
@@ -269,8 +269,9 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         mem_passes = memory_passes if memory_passes is not None else [p for p in reg if p.kind == "memory"]
         fit = fit_memory(model, int(memory_budget), mem_passes, start, tick=tick)
     mem = fit.chosen.strategy if fit is not None else start
-    base = {name: iteration_us(model, st) for name, st in baselines(model).items()}
-    results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem)
+    bl = baselines(model)
+    base = {name: iteration_us(model, st) for name, st in bl.items()}
+    results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
     best = results[0]
     notes = list(model.notes)
     peak_before = peak_after = None

@@ -5,8 +5,9 @@ every pass for candidates near the critical path (op fusion on computation-bound
 tensor fusion / partition on communication-bound parts, each justified by its theorem),
 tries them by decreasing estimated gain, and keeps the first that
 makes the iteration faster. It stops when no candidate helps (converged) or the time
-budget is spent. The search runs from the job's own grouping and from no fusion at all
-(the paper's starting point) and keeps the faster result; it is deterministic.
+budget is spent. The search runs from the job's own grouping, from no fusion at all
+(the paper's starting point) and from the library defaults it is compared with, and
+keeps the fastest result; it is deterministic.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
 
 
 def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, max_tries: int = 8,
-           tick: Tick = _noop, coarsen: bool = False, memory: Strategy | None = None) -> list[SearchResult]:
-    """Run Algorithm 1 from the job's grouping and from no fusion; fastest result first.
+           tick: Tick = _noop, coarsen: bool = False, memory: Strategy | None = None,
+           extra_starts: dict[str, Strategy] | None = None) -> list[SearchResult]:
+    """Run Algorithm 1 from the job's grouping, from no fusion and from each of
+    ``extra_starts`` (the baselines: so the result is never predicted slower than one of
+    them); fastest result first.
 
     ``memory``: a strategy whose memory settings (recomputation, accumulation) every
     start keeps (the memory step's choice).
@@ -99,8 +103,11 @@ def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, 
         ("job's own grouping", Strategy.from_groups(model.baseline_groups)),
         ("no fusion", Strategy.from_groups([[i] for i in range(len(model.units))])),
     ]
+    starts += list((extra_starts or {}).items())
     if memory is not None:
         starts = [(n, st.with_memory(memory.recompute, memory.accum)) for n, st in starts]
+    seen: set = set()
+    starts = [(n, st) for n, st in starts if not (st.key() in seen or seen.add(st.key()))]
     deadline_total = time.perf_counter() + budget_s
     out = []
     for i, (name, st) in enumerate(starts):
