@@ -87,6 +87,7 @@ def main() -> None:
              "step_us": timed, "profiler_us": [0.0] * len(timed)}))
     if dist.get_rank() == 0:
         print(f"{args.steps} steps in {time.perf_counter() - t0:.2f} s, last loss {loss:.4f}")
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (seen: SIGABRT at exit)
     dist.destroy_process_group()
 
 
