@@ -57,14 +57,14 @@ def fit_link_cost(samples: list[tuple[int, int, int, float]]) -> LinkCost | None
     x = np.array([b / n for _, b, n, _ in rows], dtype=float)
     y = np.array([t for _, _, _, t in rows], dtype=float)
     a_col, b_col = k * cnt, k * x
-    alpha, beta = _lad_nonneg(np.stack([a_col, b_col], axis=1), y)
+    alpha, beta = lad_nonneg(np.stack([a_col, b_col], axis=1), y)
     pred = a_col * alpha + b_col * beta
     err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
     shapes = len(set(zip(a_col.tolist(), b_col.tolist())))
     return LinkCost(float(alpha), float(beta), len(rows), err, shapes)
 
 
-def _lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """min sum |A x - y| over x >= 0, A with two columns.
 
     An L1 optimum lies on a line through two samples (or one sample with one coefficient

@@ -5,6 +5,7 @@
     from dpro.optimizer.apply import ddp_kwargs, horovod_groups, horovod_env
     ddp = DDP(model, **ddp_kwargs("strategy/"))                     # bucket_cap_mb
     os.environ.update(horovod_env("strategy/")); hvd.init()        # fusion threshold, cycle
+    os.environ.update(mxnet_env("strategy/")); kv = mx.kv.create("dist_sync")  # PS key split
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    groups=horovod_groups("strategy/", model.named_parameters()))
     mem = memory_settings("strategy/")                               # memory.json
@@ -57,6 +58,15 @@ def horovod_env(path: str | Path) -> dict[str, str]:
                 raise DproInputError(Path(path), f"horovod.json: '{k}' must be a non-negative number")
             out[k] = str(v)
     return out
+
+
+def mxnet_env(path: str | Path) -> dict[str, str]:
+    """``MXNET_KVSTORE_BIGARRAY_BOUND`` from ``mxnet.json`` (set before ``mx.kv.create``, on every worker)."""
+    d = _load(path, "mxnet.json")
+    v = d.get("MXNET_KVSTORE_BIGARRAY_BOUND")
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise DproInputError(Path(path), "mxnet.json: 'MXNET_KVSTORE_BIGARRAY_BOUND' must be a positive integer")
+    return {"MXNET_KVSTORE_BIGARRAY_BOUND": str(v)}
 
 
 def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]) -> list[list[Any]] | None:

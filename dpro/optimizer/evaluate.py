@@ -11,9 +11,11 @@ The graph (symmetry: every worker is the representative one, so one is enough):
 * AllReduce transfer: each of the group's k pieces is a chain of 2(N-1) ring steps of
   ``alpha + beta * bytes/(k N)`` on the ``link`` device (by symmetry the link out of this
   worker behaves like every other link);
-* parameter server (``scheme == "ps"``): piece p goes to server ``p mod S``; a push then a
-  pull, each ``alpha + beta * N * bytes/k`` on that server's link (the server's port
-  carries all N workers' pieces).
+* parameter server (``scheme == "ps"``, :mod:`dpro.optimizer.ps`): piece p of a group whose
+  unsplit home is server h goes to server ``(h + p) mod S``; a push, the server's update,
+  then a pull: push and pull each ``alpha + beta * N * bytes/k`` on that server's port
+  (it carries all N workers' pieces), the update ``update_alpha + update_beta * bytes/k``
+  on the server's CPU.
 
 Partial replay: :func:`sync_time` replays only a group's communication subgraph.
 """
@@ -28,6 +30,7 @@ from dpro.graph.comm_model import ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
 from dpro.optimizer import contention
 from dpro.optimizer.model import JobModel
+from dpro.optimizer.ps import piece_server
 from dpro.optimizer.strategy import Strategy
 from dpro.replayer.engine import Schedule, simulate
 
@@ -51,16 +54,19 @@ class BuiltGraph:
     node_of_op: dict[str, int]
 
 
-def _xfer_steps(model: JobModel, nbytes: float, k: int, piece: int) -> list[tuple[str, float]]:
-    """(device, duration) of the transfer steps of one piece."""
+def _xfer_steps(model: JobModel, nbytes: float, k: int, piece: int, home: int = 0) -> list[tuple[str, float, str]]:
+    """(device, duration, label) of the transfer steps of one piece (``home``: a PS group's server)."""
     n, lc = model.world_size, model.link
+    if model.scheme == "ps":
+        s = piece_server(home, piece, model.servers)
+        t = lc.alpha + lc.beta * n * nbytes / k
+        lay = model.ps
+        upd = [(f"server{s}", lay.update_alpha + lay.update_beta * nbytes / k, f"update@server{s}")] if lay else []
+        return [(f"link:server{s}:push", t, f"push@server{s}"), *upd, (f"link:server{s}:pull", t, f"pull@server{s}")]
     if n <= 1:
         return []
-    if model.scheme == "ps":
-        s = f"server{piece % max(1, model.servers)}"
-        t = lc.alpha + lc.beta * n * nbytes / k
-        return [(f"link:push:{s}", t), (f"link:pull:{s}", t)]
-    return [("link", lc.step_us(nbytes / (k * n)))] * ring_steps(n)
+    step = lc.step_us(nbytes / (k * n))
+    return [("link", step, f"step{i}") for i in range(ring_steps(n))]
 
 
 def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> BuiltGraph:
@@ -162,15 +168,16 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
         if prev_in >= 0:
             src.append(prev_in); dst.append(i_in)
         prev_in = i_in
+        home = model.ps.home[members[0]] if model.ps is not None else 0
         for p in range(k):
             last = i_in
-            for s, (dv, t) in enumerate(_xfer_steps(model, nbytes, k, p)):
-                i = node(f"group{g}:piece{p}:step{s}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
+            for dv, t, label in _xfer_steps(model, nbytes, k, p, home):
+                i = node(f"group{g}:piece{p}:{label}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
                 src.append(last); dst.append(i)
                 last = i
             src.append(last); dst.append(i_out)
     owner = np.zeros(len(devices), dtype=np.int64)
-    is_comm = np.array([d == "comm" or d.startswith("link") for d in devices], dtype=bool)
+    is_comm = np.array([d == "comm" or d.startswith(("link", "server")) for d in devices], dtype=bool)
     if coarsen:
         return _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm)
     g = compile_graph(names, dur, np.zeros(len(names)), cat, device, prio, src, dst, devices, owner, ["worker"], is_comm)

@@ -8,7 +8,8 @@
   ``torch.distributed._compute_bucket_assignment_by_size`` (tests/test_optimizer.py).
 * Horovod: a background cycle (``HOROVOD_CYCLE_TIME``) fuses the tensors that became ready
   since the last cycle, up to ``HOROVOD_FUSION_THRESHOLD`` bytes per fused buffer.
-* BytePS: every tensor is cut into ``BYTEPS_PARTITION_BYTES`` pieces.
+* MXNet kvstore (``dist_*``): an array of at least ``MXNET_KVSTORE_BIGARRAY_BOUND``
+  elements is split evenly across all servers (:mod:`dpro.optimizer.ps`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ DDP_FIRST_BUCKET_BYTES = MiB
 DDP_DEFAULT_CAP_BYTES = 25 * MiB
 HOROVOD_DEFAULT_THRESHOLD = 64 * MiB
 HOROVOD_DEFAULT_CYCLE_US = 1000.0
-BYTEPS_DEFAULT_PARTITION = 4_096_000
+MXNET_DEFAULT_BOUND = 1_000_000
 
 
 def ddp_buckets(sizes_ready_order: list[int], cap: int, first_cap: int | None = None) -> list[list[int]]:
@@ -58,7 +59,3 @@ def horovod_groups(ready_us: list[float], sizes: list[int], threshold: int = HOR
             out.append([i])
             cycle, size = c, sizes[i]
     return out
-
-
-def byteps_partitions(group_bytes: list[int], partition_bytes: int = BYTEPS_DEFAULT_PARTITION) -> list[int]:
-    return [max(1, math.ceil(b / partition_bytes)) for b in group_bytes]

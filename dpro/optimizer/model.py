@@ -28,6 +28,11 @@ from dpro.graph.global_dfg import ACCELERATORS
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
 from dpro.optimizer.contention import CpuShare, measured_share, overlap, union_length
+from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
+from dpro.optimizer.ps import PsLayout, fit_server_link, fit_update
+from dpro.optimizer.ps import base_name as ps_base
+from dpro.optimizer.ps import layout as ps_layout
+from dpro.optimizer.ps import server_of as ps_server_of
 from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,10 @@ class JobModel:
     #: (batch fraction r, op -> own time µs at r) from a trace at a smaller batch
     #: (:func:`dpro.optimizer.micro.attach_micro_trace`), for gradient accumulation
     micro: tuple[float, dict[str, float]] | None = None
+    #: parameter server: keys, sizes, home servers, update cost (dpro.optimizer.ps)
+    ps: PsLayout | None = None
+    #: pieces per baseline group as profiled (None: 1 each)
+    baseline_partitions: list[int] | None = None
     #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
     #: cache: (bytes, pieces) -> sync time, µs (see evaluate.sync_time)
@@ -131,16 +140,22 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     :func:`dpro.optimizer.optimize.optimize` picks by agreement with the full replay).
     """
     where = gt.source or gt.manifest.meta.get("source") or "<trace>"
-    if gt.manifest.scheme == "ps":
-        raise DproInputError(where, "parameter-server traces replay (dpro replay) but cannot be optimized yet: "
-                                    "the optimizer has no calibrated model of server contention")
-    if link is None:
-        raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
-                                    "with its size recorded on every rank of its group")
+    ps = gt.manifest.scheme == "ps"
+    if ps and gt.manifest.framework != "mxnet":
+        raise DproInputError(where, f"parameter-server traces of {gt.manifest.library} replay (dpro replay) but "
+                                    "cannot be optimized yet: only MXNet kvstore jobs can (docs/optimizer.md)")
     workers = gt.workers()
     if not workers:
         raise DproInputError(where, "has no worker node to optimize")
     steps = steps or typical_steps(list(gt.nodes.values()), gt.manifest.steps)
+    if ps:
+        link = fit_server_link(gt, steps)
+        if link is None:
+            raise DproInputError(where, "no server link cost could be fitted: the optimizer needs the servers' "
+                                        "answers to pulls (PULL_REQ ops with their bytes)")
+    if link is None:
+        raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
+                                    "with its size recorded on every rank of its group")
     per_rank = [node_stats(nt, steps) for nt in workers]
     # By default the slowest worker stands for all: a synchronous job runs at its straggler's pace.
     load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
@@ -161,7 +176,9 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
             ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, 0.0, 0.0, 0.0, op.layer)
         else:
             ops[op.id] = CompOp(op.id, op.name, op.cat, op.device, s.dur, s.gap, s.offset, op.layer)
-    cpu, link, cnotes = _contention(gt, rep, st0, steps, ops, link)
+    cpu, cnotes = None, []
+    if not ps:  # a PS job's link is the servers' (fitted on them), not the worker's
+        cpu, link, cnotes = _contention(gt, rep, st0, steps, ops, link)
     notes += cnotes
     overhead = measured_overhead(rep) if remove_overhead else None
     if overhead is not None:
@@ -175,8 +192,33 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         succs[a].append(b)
     edges = [(a, b) for a, b in rep.edges if a in ops and b in ops]
     comm.sort(key=lambda o: (st0[o.id].offset if o.id in st0 else 0.0, o.id))
-    launch = [st0[o.id].gap for o in comm if o.id in st0 and st0[o.id].samples]
+    # a PS worker launches pushes; its pulls wait on the servers, not on the host
+    launch = [st0[o.id].gap for o in comm if o.id in st0 and st0[o.id].samples and (not ps or o.sub_op == "PUSH_REQ")]
 
+    servers = sum(1 for n in gt.nodes.values() if n.info.role == "server")
+    layout = partitions = None
+    if ps:
+        units, groups, partitions, layout, pnotes = _ps_units(gt, rep, st0, ops, preds, succs, servers, steps)
+        notes += pnotes
+    else:
+        units, groups = _collective_units(rep, comm, ops, preds, succs)
+    if not units:
+        raise DproInputError(where, "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
+    return JobModel(
+        ops=ops, edges=edges, units=units, baseline_groups=groups,
+        world_size=max(gt.manifest.world_size, len(workers)), scheme=gt.manifest.scheme,
+        library=gt.manifest.library, framework=gt.manifest.framework, link=link,
+        launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
+        notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
+        compile=_compile_facts(rep.meta.get("compile")), cpu=cpu, worker=rep.info.name,
+        loads=dict(zip(names, load)), ps=layout, baseline_partitions=partitions,
+    )
+
+
+def _collective_units(rep: NodeTrace, comm: list, ops: dict[str, CompOp], preds: dict[str, list[str]],
+                      succs: dict[str, list[str]]) -> tuple[list[Unit], list[list[int]]]:
+    """A collective job's gradients (one unit per recorded tensor, or per collective where the
+    tensors are unknown) and the job's own grouping, in launch order."""
     tensors_by_txn: dict[str, list] = defaultdict(list)
     for t in rep.tensors:
         if t.txn is not None:
@@ -202,18 +244,38 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
             members.append(len(units))
             units.append(Unit(c.tensor or c.id, c.bytes, ready, consumers))
         groups.append(members)
-    if not units:
-        raise DproInputError(where, "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
-    servers = sum(1 for n in gt.nodes.values() if n.info.role == "server")
-    return JobModel(
-        ops=ops, edges=edges, units=units, baseline_groups=groups,
-        world_size=max(gt.manifest.world_size, len(workers)), scheme=gt.manifest.scheme,
-        library=gt.manifest.library, framework=gt.manifest.framework, link=link,
-        launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
-        notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
-        compile=_compile_facts(rep.meta.get("compile")), cpu=cpu, worker=rep.info.name,
-        loads=dict(zip(names, load)),
-    )
+    return units, groups
+
+
+def _ps_units(gt: GTrace, rep: NodeTrace, st: dict, ops: dict[str, CompOp], preds: dict[str, list[str]],
+              succs: dict[str, list[str]], servers: int, steps: list[int]
+              ) -> tuple[list[Unit], list[list[int]], list[int], PsLayout, list[str]]:
+    """A parameter-server worker's gradients: one unit per key (all its pieces), in the order
+    their first push started; each alone in its group (MXNet pushes every key apart), with
+    as many pieces as servers the profile sent it to."""
+    tensors = {t.name: t for t in rep.tensors}
+    push: dict[str, list] = defaultdict(list)
+    pull: dict[str, list] = defaultdict(list)
+    for o in rep.ops.values():
+        if o.sub_op in ("PUSH_REQ", "PULL_RES"):
+            (push if o.sub_op == "PUSH_REQ" else pull)[ps_base(o.tensor or o.id)].append(o)
+    first = {k: min(st[o.id].offset if o.id in st else 0.0 for o in v) for k, v in push.items()}
+    names = sorted(push, key=lambda k: (first[k], k))
+    units: list[Unit] = []
+    shapes, seen = [], []
+    for name in names:
+        t = tensors.get(name)
+        ready = [t.producer] if t is not None and t.producer in ops else \
+            sorted({p for o in push[name] for p in preds[o.id] if p in ops})
+        consumers = sorted({c for o in pull[name] for c in succs[o.id] if c in ops})
+        nbytes = t.bytes if t is not None else sum(o.bytes for o in push[name])
+        units.append(Unit(name, nbytes, ready, consumers, [name]))
+        shapes.append(tuple(t.shape) if t is not None else ())
+        seen.append(sorted({s for o in push[name] if (s := ps_server_of(o.id)) is not None}))
+    bound = int(gt.manifest.meta.get("bigarray_bound") or MXNET_DEFAULT_BOUND)
+    lay, notes = ps_layout(rep, names, [u.bytes for u in units], shapes, seen, servers, bound)
+    lay.update_alpha, lay.update_beta = fit_update(gt, steps)
+    return units, [[i] for i in range(len(units))], [max(1, len(s)) for s in seen], lay, notes
 
 
 def _compile_facts(d: object) -> dict[str, dict] | None:

@@ -12,6 +12,7 @@ from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
+from dpro.optimizer import ps_search
 from dpro.optimizer.evaluate import analyse, iteration_us
 from dpro.optimizer.memory_search import MemoryFit, evaluate_memory, fit_memory
 from dpro.optimizer.model import JobModel, job_model
@@ -101,9 +102,11 @@ def _unit_ready_times(model: JobModel) -> list[float]:
 
 def baselines(model: JobModel) -> dict[str, Strategy]:
     """The strategies to beat: the job as profiled, no fusion, fuse everything, library defaults."""
+    if model.ps is not None:
+        return ps_search.baselines(model)
     n = len(model.units)
     out = {
-        "job as profiled": Strategy.from_groups(model.baseline_groups),
+        "job as profiled": Strategy.as_profiled(model),
         "no fusion": Strategy.from_groups([[i] for i in range(n)]),
         "fuse everything": Strategy.from_groups([list(range(n))]),
     }
@@ -114,9 +117,6 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
         out["Horovod default (64 MiB, 1 ms cycle)"] = Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), sizes))
     if model.compile and "" in model.compile:
         out["torch.compile of the whole model (measured)"] = compiled_model_strategy(model)
-    if model.scheme == "ps":
-        st = Strategy.from_groups([[i] for i in range(n)])
-        out["BytePS default (4 MB partitions)"] = Strategy(st.groups, tuple(lib.byteps_partitions(sizes)))
     return out
 
 
@@ -127,7 +127,7 @@ def compiled_model_strategy(model: JobModel) -> Strategy:
     f = m["compiled_us"] / m["eager_us"]
     scales = tuple(OpScale(o.id, max(0.0, (f * (o.dur + o.gap) - o.gap) / o.dur))
                    for o in model.ops.values() if o.cat in ("FW", "BW") and o.dur > 0)
-    return Strategy.from_groups(model.baseline_groups).with_scales(scales)
+    return Strategy.as_profiled(model).with_scales(scales)
 
 
 def ddp_strategy(model: JobModel, bucket_cap_mb: float | None) -> Strategy:
@@ -189,9 +189,16 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
             out.append(Realized("horovod", {
                 "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr),
                 "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
-    if model.scheme == "ps":
-        per = [best.group_bytes(model, i) / best.partitions[i] for i in range(len(best.groups))]
-        out.append(Realized("byteps", {"BYTEPS_PARTITION_BYTES": int(max(per))}, best, iteration_us(model, best)))
+    if model.ps is not None:
+        bound = ps_search.bound_of(model, best)
+        default = ps_search.with_bound(model, lib.MXNET_DEFAULT_BOUND)
+        t_best, t_default = iteration_us(model, best), iteration_us(model, default)
+        if bound is None or t_best > t_default * (1 - MIN_GAIN):
+            out.append(Realized(ps_search.LIBRARY, {ps_search.ENV: lib.MXNET_DEFAULT_BOUND, "keep_default": True},
+                                default, t_default))
+        else:
+            out.append(Realized(ps_search.LIBRARY, {ps_search.ENV: bound, "split": [
+                model.units[g[0]].name for g, k in zip(best.groups, best.partitions) if k > 1]}, best, t_best))
     return out
 
 
@@ -215,7 +222,7 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
         m = first if name == first.worker else job_model(gt, link, steps, worker=name)
         ov = m.overhead
         expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
-        gap = abs(iteration_us(m, Strategy.from_groups(m.baseline_groups)) - expect)
+        gap = abs(iteration_us(m, Strategy.as_profiled(m)) - expect)
         if best_gap is None or gap < best_gap - 1e-6:
             best, best_gap = m, gap
     return best
@@ -263,7 +270,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     if passes is None:
         passes = reg.select(pass_names) if pass_names else [p for p in reg if p.kind == "throughput"]
     passes = [p for p in passes if p.kind != "memory"]
-    start = Strategy.from_groups(model.baseline_groups)
+    start = Strategy.as_profiled(model)
     fit = None
     if memory_budget is not None:
         mem_passes = memory_passes if memory_passes is not None else [p for p in reg if p.kind == "memory"]
@@ -271,7 +278,10 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     mem = fit.chosen.strategy if fit is not None else start
     bl = baselines(model)
     base = {name: iteration_us(model, st) for name, st in bl.items()}
-    results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
+    if model.ps is not None:  # MXNet's one setting: searched exhaustively
+        results = ps_search.search(model, tick=tick)
+    else:
+        results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
     best = results[0]
     notes = list(model.notes)
     peak_before = peak_after = None

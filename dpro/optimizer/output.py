@@ -5,7 +5,8 @@
 ``DIR/ddp.json``         PyTorch DDP: ``bucket_cap_mb`` (+ the buckets it gives), or ``keep_default``
 ``DIR/horovod.json``     Horovod: explicit ``groups`` of parameter names, fusion threshold, cycle time, or ``keep_default``
 ``DIR/horovod.env``      the same as environment variables
-``DIR/byteps.env``       BytePS: ``BYTEPS_PARTITION_BYTES`` (parameter-server jobs)
+``DIR/mxnet.json``       MXNet kvstore (parameter-server jobs): ``MXNET_KVSTORE_BIGARRAY_BOUND``, the keys it splits
+``DIR/mxnet.env``        the same as an environment variable
 ``DIR/compile.json``     op fusion: the fused ops and the layers to compile (torch.compile / XLA)
 ``DIR/memory.json``      memory: modules to checkpoint, micro-batches per step, predicted peak
 ``DIR/amp.json``         mixed precision: run forward and loss under autocast (when chosen)
@@ -65,8 +66,10 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
         elif r.library == "horovod":
             lines.append(f"  Horovod: hvd.DistributedOptimizer(..., groups=<horovod.json groups>), "
                          f"HOROVOD_FUSION_THRESHOLD={r.settings['HOROVOD_FUSION_THRESHOLD']}  -> {_ms(r.iteration_us)} predicted")
-        elif r.library == "byteps":
-            lines.append(f"  BytePS: BYTEPS_PARTITION_BYTES={r.settings['BYTEPS_PARTITION_BYTES']}  -> {_ms(r.iteration_us)} predicted")
+        elif r.library == "mxnet-kvstore":
+            keep = " (keep MXNet's default)" if r.settings.get("keep_default") else ""
+            lines.append(f"  MXNet kvstore: MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}{keep} "
+                         f"on every worker  -> {_ms(r.iteration_us)} predicted (mxnet.env)")
     if st.fusions:
         lines.append("  op fusion: compile the layers listed in compile.json (torch.compile / XLA jit_compile)")
     if st.recompute:
@@ -115,8 +118,9 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
             files["horovod.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
             files["horovod.env"] = (f"HOROVOD_FUSION_THRESHOLD={r.settings['HOROVOD_FUSION_THRESHOLD']}\n"
                                     f"HOROVOD_CYCLE_TIME={r.settings['HOROVOD_CYCLE_TIME']}\n")
-        elif r.library == "byteps":
-            files["byteps.env"] = f"BYTEPS_PARTITION_BYTES={r.settings['BYTEPS_PARTITION_BYTES']}\n"
+        elif r.library == "mxnet-kvstore":
+            files["mxnet.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
+            files["mxnet.env"] = f"MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}\n"
     st = res.best.strategy
     if res.memory is not None or st.recompute or st.accum > 1:
         files["memory.json"] = {

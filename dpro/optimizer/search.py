@@ -100,7 +100,7 @@ def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, 
     ``coarsen=True`` replays candidates on the coarsened view (benchmarks/search_speed.py: it
     does not pay on a ResNet-50-sized job, whose graph is mostly ring steps)."""
     starts = [
-        ("job's own grouping", Strategy.from_groups(model.baseline_groups)),
+        ("job's own grouping", Strategy.as_profiled(model)),
         ("no fusion", Strategy.from_groups([[i] for i in range(len(model.units))])),
     ]
     starts += list((extra_starts or {}).items())

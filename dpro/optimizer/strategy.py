@@ -50,6 +50,13 @@ class Strategy:
         gs = tuple(tuple(g) for g in groups if g)
         return Strategy(gs, (1,) * len(gs))
 
+    @staticmethod
+    def as_profiled(model: JobModel) -> "Strategy":
+        """The job's own grouping and partitioning."""
+        st = Strategy.from_groups(model.baseline_groups)
+        parts = model.baseline_partitions
+        return Strategy(st.groups, tuple(parts)) if parts and len(parts) == len(st.groups) else st
+
     def merge_groups(self, i: int) -> "Strategy":
         """Groups i and i+1 synchronised as one (pieces: the larger of the two)."""
         g = self.groups

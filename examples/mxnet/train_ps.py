@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -84,7 +85,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0, help="total steps (default: warm-up + profiled + 10)")
     ap.add_argument("--kvstore", default="dist_sync")
     ap.add_argument("--timing-out", default=None, help="write timing_rank<r>.json here")
+    ap.add_argument("--dpro-strategy", default=None, help="a `dpro optimize -o` directory: use its mxnet.json")
     a = ap.parse_args()
+    if a.dpro_strategy:
+        from dpro.optimizer.apply import mxnet_env
+
+        os.environ.update(mxnet_env(a.dpro_strategy))  # read when the kvstore is created
 
     mx.random.seed(0)
     net, shape = build(a.model)
