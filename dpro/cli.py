@@ -253,7 +253,12 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     iteration time before/after, next to the library defaults (DDP 25 MiB buckets,
     Horovod fusion, fuse everything, no fusion), and with -o writes the settings
     the libraries take: ddp.json (bucket_cap_mb), horovod.json/.env (groups,
-    fusion threshold), byteps.env, compile.json (layers to compile).
+    fusion threshold), compile.json (layers to compile).
+
+    \b
+    MXNet parameter-server traces: every distinct MXNET_KVSTORE_BIGARRAY_BOUND (which
+    keys are split across the servers) is replayed against MXNet's default, no split
+    and every key split; -o writes mxnet.json/.env.
 
     \b
     With --memory-budget the job is first made to fit: the predicted peak memory

@@ -122,3 +122,33 @@ def test_optimize_real_ps_job_and_run_its_strategy(tmp_path):
     assert load_gtrace(tmp_path / "t1").manifest.meta["bigarray_bound"] == 524288
     split = {k for k, n in _servers_per_key(tmp_path / "t1").items() if n == 2}
     assert split == {"dense0_weight", "dense1_weight", "dense2_weight"}
+
+
+def test_server_costs_fitted_by_hand():
+    """A server answering pulls of 2 workers: a piece of B bytes per worker takes
+    200 + 0.01 * 2B µs; two small pieces overlap and form one busy period (2 messages, 4000
+    B, 440 µs). Updates take 50 + 0.001 B µs."""
+    from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
+    from dpro.optimizer.ps import fit_server_link, fit_update
+
+    ops, events = {}, []
+    for key, b in ((0, 1000), (1, 100_000), (2, 400_000), (3, 1000)):
+        ops[f"push:p{key}@w0"] = Op(f"push:p{key}@w0", "push", "COMM", "srv", sub_op="PUSH_RES", tensor=f"p{key}", bytes=b)
+        ops[f"update:p{key}"] = Op(f"update:p{key}", "aggregate+update", "UPDATE", "cpu:server")
+        for w in (0, 1):
+            ops[f"pull:p{key}@w{w}"] = Op(f"pull:p{key}@w{w}", "pull", "COMM", "srv", sub_op="PULL_REQ",
+                                          tensor=f"p{key}", bytes=b, txn=f"pull.{key}.s0.w{w}")
+    for step in (0, 1):
+        t = step * 1e6
+        # p3 is answered while p0 still is: the port serialises them, p3 ends at 30000 + 2 * 220
+        for key, b, start, dur in ((1, 100_000, 0.0, 2200.0), (2, 400_000, 10_000.0, 8200.0), (0, 1000, 30_000.0, 220.0),
+                                   (3, 1000, 30_100.0, 340.0)):
+            events.append(Event(f"update:p{key}", step, t + start - 100, 50 + 0.001 * b))
+            events.append(Event(f"pull:p{key}@w0", step, t + start, dur * 0.8))  # w0 done first
+            events.append(Event(f"pull:p{key}@w1", step, t + start, dur))
+    server = NodeTrace(NodeInfo("server0", "server", 0, "h"), ops=ops, events=events)
+    gt = GTrace(Manifest("mxnet", "ps", "ps-lite", 2, [server.info], [0, 1]), {"server0": server})
+    link = fit_server_link(gt, [0, 1])
+    assert link.beta == pytest.approx(0.01, rel=1e-6) and link.alpha == pytest.approx(200, rel=1e-6)
+    a, b = fit_update(gt, [0, 1])
+    assert a == pytest.approx(50) and b == pytest.approx(0.001)

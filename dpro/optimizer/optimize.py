@@ -272,13 +272,17 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     passes = [p for p in passes if p.kind != "memory"]
     start = Strategy.as_profiled(model)
     fit = None
-    if memory_budget is not None:
+    if memory_budget is not None and model.ps is not None:
+        model.notes.append("--memory-budget is not searched for parameter-server jobs (only the key split is)")
+    elif memory_budget is not None:
         mem_passes = memory_passes if memory_passes is not None else [p for p in reg if p.kind == "memory"]
         fit = fit_memory(model, int(memory_budget), mem_passes, start, tick=tick)
     mem = fit.chosen.strategy if fit is not None else start
     bl = baselines(model)
     base = {name: iteration_us(model, st) for name, st in bl.items()}
     if model.ps is not None:  # MXNet's one setting: searched exhaustively
+        if pass_names:
+            model.notes.append("--passes is not used for parameter-server jobs (only the key split is searched)")
         results = ps_search.search(model, tick=tick)
     else:
         results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)

@@ -88,8 +88,8 @@ def fit_server_link(gt: GTrace, steps: list[int]) -> LinkCost | None:
     for nt in gt.nodes.values():
         if nt.info.role != "server":
             continue
-        for piece in _pull_pieces(nt, steps).values():
-            rows += _busy_periods(piece)
+        for pieces in _pull_pieces(nt, steps).values():
+            rows += _busy_periods(pieces)
     rows = [r for r in rows if r[1] > 0 and r[2] > 0]
     if not rows:
         return None
