@@ -61,6 +61,22 @@ def test_bound_search_by_hand():
     assert ps_search.bound_of(m, res.strategy) == (1 << 20) // 4
 
 
+def test_worker_port_binds_when_servers_outnumber_workers():
+    """One key of B bytes, 2 workers, 4 servers; a port moves B in t/2 = 500 µs. Whole: the
+    key's server takes both workers' copies at once, so each gets half its port: push t,
+    pull t, 2000 µs. Split in 4: the worker's four messages are in flight together and
+    share its port (a quarter each, less than the servers' half): t/2 per direction,
+    1000 µs. Were the worker's port not shared (each message at its server's pace),
+    t/4 + t/4 = 500."""
+    nbytes, t = 1 << 20, 1000.0
+    ops = {o: CompOp(o, o, "BW", "cpu", 0.0, 0.0, float(i)) for i, o in enumerate(("g", "end"))}
+    m = JobModel(ops=ops, edges=[], units=[Unit("w", nbytes, ["g"], ["end"])], baseline_groups=[[0]], world_size=2,
+                 scheme="ps", library="ps-lite", framework="mxnet", link=LinkCost(0.0, t / (2 * nbytes)), servers=4,
+                 ps=PsLayout(4, [0], [nbytes // 4], [0], 1_000_000), baseline_partitions=[1])
+    assert iteration_us(m, ps_search.with_bound(m, m.ps.no_split_bound)) == pytest.approx(2000)
+    assert iteration_us(m, ps_search.with_bound(m, 1)) == pytest.approx(1000)
+
+
 def test_only_mxnet_ps_traces_are_optimized():
     from dpro.loader import open_trace
     from dpro.optimizer.model import job_model
@@ -110,9 +126,10 @@ def test_optimize_real_ps_job_and_run_its_strategy(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     assert res["model"]["scheme"] == "ps" and res["model"]["units"] == 8
-    # the one-worker model of the job as profiled is near the full replay (on loopback,
-    # 14 % below it once: six processes share two cores, which neither models)
-    assert abs(res["baseline_us"] / res["replay_predicted_us"] - 1) < 0.2, res
+    # the one-worker model of the job as profiled is near the full replay (on loopback six
+    # processes share two cores, which neither models: over 5 profiles here it sat between
+    # 24 % below and 11 % above it)
+    assert abs(res["baseline_us"] / res["replay_predicted_us"] - 1) < 0.3, res
     assert min(res["baselines_us"].values()) >= res["best_us"] * (1 - 1e-9)
     mx = json.loads((tmp_path / "s" / "mxnet.json").read_text())
     assert mxnet_env(tmp_path / "s")["MXNET_KVSTORE_BIGARRAY_BOUND"] == str(mx["MXNET_KVSTORE_BIGARRAY_BOUND"])
@@ -152,3 +169,37 @@ def test_server_costs_fitted_by_hand():
     assert link.beta == pytest.approx(0.01, rel=1e-6) and link.alpha == pytest.approx(200, rel=1e-6)
     a, b = fit_update(gt, [0, 1])
     assert a == pytest.approx(50) and b == pytest.approx(0.001)
+
+
+def test_link_fit_takes_the_side_that_ran_at_its_cap():
+    """1 worker, 2 servers, the key split in two (B per piece, 2B for the second key). The
+    worker pushes both pieces at once through its port at 0.01 µs/B and 100 µs per message:
+    200 + 0.01 * 2B. Each server answers its piece, but the answers queue behind the
+    worker's port: 16000 µs per 400 kB, so fitted alone the servers' answers say 0.04
+    µs/B. With more servers than workers the workers' pushes are fitted too, and they are
+    the side at the cap: alpha 100, beta 0.01. With 2 workers (S = N) only the servers'
+    answers count."""
+    from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
+    from dpro.optimizer.ps import fit_server_link
+
+    def job(workers: int) -> GTrace:
+        b, nodes = 400_000, {}
+        for s in (0, 1):
+            ops = {f"pull:p{k}@w{w}": Op(f"pull:p{k}@w{w}", "pull", "COMM", "srv", sub_op="PULL_REQ", tensor=f"p{k}",
+                                         bytes=b * (k + 1), txn=f"pull.{k}.s{s}.w{w}")
+                   for k in (0, 1) for w in range(workers)}
+            ev = [Event(f"pull:p{k}@w{w}", st, st * 1e6 + k * 50_000, 16_000.0 * (k + 1)) for st in (0, 1)
+                  for k in (0, 1) for w in range(workers)]
+            nodes[f"server{s}"] = NodeTrace(NodeInfo(f"server{s}", "server", s, "h"), ops=ops, events=ev)
+        for w in range(workers):
+            ops = {f"push:p{k}@s{s}": Op(f"push:p{k}@s{s}", "push", "COMM", "cpu", sub_op="PUSH_REQ", tensor=f"p{k}",
+                                         bytes=b * (k + 1)) for k in (0, 1) for s in (0, 1)}
+            ev = [Event(f"push:p{k}@s{s}", st, st * 1e6 + k * 50_000, 200 + 0.01 * 2 * b * (k + 1)) for st in (0, 1)
+                  for k in (0, 1) for s in (0, 1)]
+            nodes[f"worker{w}"] = NodeTrace(NodeInfo(f"worker{w}", "worker", w, "h"), ops=ops, events=ev)
+        return GTrace(Manifest("mxnet", "ps", "ps-lite", workers, [n.info for n in nodes.values()], list(range(workers))),
+                      nodes)
+
+    link = fit_server_link(job(1), [0, 1])
+    assert link.beta == pytest.approx(0.01, rel=1e-6) and link.alpha == pytest.approx(100, rel=1e-6)
+    assert fit_server_link(job(2), [0, 1]).beta == pytest.approx(0.02, rel=1e-6)  # 2 copies of B in 16000 µs

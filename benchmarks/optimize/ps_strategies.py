@@ -21,17 +21,17 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "fidelity"))
-from ps_jobs import MX, job_cmd, measured_us, run  # noqa: E402
+from ps_jobs import MX, job_cmd, measured_us, run, work_dir  # noqa: E402
 
 #: (model, workers, servers, cap Mbit/s or None: loopback): jobs with more than one server
 #: (with one, the bound changes nothing)
 JOBS = {"mlp-2w2s-cap1000": ("mlp", 2, 2, 1000.0), "mlp-4w2s-cap1000": ("mlp", 4, 2, 1000.0),
-        "conv-2w2s-cap200": ("conv", 2, 2, 200.0), "mlp-2w2s": ("mlp", 2, 2, None)}
+        "conv-2w2s-cap200": ("conv", 2, 2, 200.0), "mlp-2w2s": ("mlp", 2, 2, None),
+        "mlp-2w4s-cap1000": ("mlp", 2, 4, 1000.0)}
 WARMUP, STEPS, AFTER = 12, 8, 20
 #: setting -> the name of its predicted baseline in `dpro optimize --json`
 SETTINGS = {"MXNet default": "MXNet default (bound 1000000)", "dpro": None, "no key split": "no key split",
@@ -75,9 +75,10 @@ def main() -> None:
     ap.add_argument("--jobs", default="mlp-2w2s-cap1000", help=f"comma-separated, of: {', '.join(JOBS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep", type=Path, help="keep the traces, strategies and timings here")
     a = ap.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dpro-psopt-") as tmp:
+    with work_dir(a.keep, "dpro-psopt-") as tmp:
         for job in a.jobs.split(","):
             rows.append(r := one(job, a.repeats, Path(tmp)))
             if a.json:

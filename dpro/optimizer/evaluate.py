@@ -12,10 +12,11 @@ The graph (symmetry: every worker is the representative one, so one is enough):
   ``alpha + beta * bytes/(k N)`` on the ``link`` device (by symmetry the link out of this
   worker behaves like every other link);
 * parameter server (``scheme == "ps"``, :mod:`dpro.optimizer.ps`): piece p of a group whose
-  unsplit home is server h goes to server ``(h + p) mod S``; a push, the server's update,
-  then a pull: push and pull each ``alpha + beta * N * bytes/k`` on that server's port
-  (it carries all N workers' pieces), the update ``update_alpha + update_beta * bytes/k``
-  on the server's CPU.
+  unsplit home is server h goes to server ``(h + p) mod S``; a push on this worker's
+  connection to that server, the server's update (``update_alpha + update_beta *
+  bytes/k`` on its CPU), then a pull. The messages are replayed at flow level
+  (:mod:`dpro.optimizer.fluid`): one at a time per connection, ``alpha`` each, their bytes
+  sharing the worker's port and at most 1/N of the server's.
 
 Partial replay: :func:`sync_time` replays only a group's communication subgraph.
 """
@@ -28,7 +29,8 @@ import numpy as np
 
 from dpro.graph.comm_model import ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
-from dpro.optimizer import contention
+from dpro.optimizer import contention, fluid
+from dpro.optimizer.fluid import PULL, PUSH, Flow
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.ps import piece_server
 from dpro.optimizer.strategy import Strategy
@@ -52,21 +54,37 @@ class BuiltGraph:
     group: np.ndarray  #: group index (sync nodes) or -1
     ops: list[tuple[str, ...]]  #: computation op ids per node (empty for sync nodes)
     node_of_op: dict[str, int]
+    #: PS messages (:mod:`dpro.optimizer.fluid`) by node; None: every node on its FIFO device
+    flows: dict[int, Flow] | None = None
 
 
-def _xfer_steps(model: JobModel, nbytes: float, k: int, piece: int, home: int = 0) -> list[tuple[str, float, str]]:
-    """(device, duration, label) of the transfer steps of one piece (``home``: a PS group's server)."""
-    n, lc = model.world_size, model.link
-    if model.scheme == "ps":
-        s = piece_server(home, piece, model.servers)
-        t = lc.alpha + lc.beta * n * nbytes / k
-        lay = model.ps
-        upd = [(f"server{s}", lay.update_alpha + lay.update_beta * nbytes / k, f"update@server{s}")] if lay else []
-        return [(f"link:server{s}:push", t, f"push@server{s}"), *upd, (f"link:server{s}:pull", t, f"pull@server{s}")]
-    if n <= 1:
-        return []
-    step = lc.step_us(nbytes / (k * n))
-    return [("link", step, f"step{i}") for i in range(ring_steps(n))]
+Step = tuple[str, float, str, "Flow | None"]
+
+
+def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list[list[Step]]:
+    """The transfer of a group split in ``k``: per piece, the chain of its steps (device,
+    duration, label, the message's flow or None), run one after the other.
+
+    Ring AllReduce: 2(N-1) steps on the ``link``. Parameter server (``home``: the group's
+    server): push -> the server's update -> pull, the push and pull messages on this
+    worker's connection to the piece's server (:mod:`dpro.optimizer.fluid` shares the ports
+    among them; their duration is what one takes alone)."""
+    n, lc = max(1, model.world_size), model.link
+    if model.scheme != "ps":
+        if n <= 1:
+            return [[] for _ in range(k)]
+        step = lc.step_us(nbytes / (k * n))
+        return [[("link", step, f"piece{p}:step{i}", None) for i in range(ring_steps(n))] for p in range(k)]
+    lay, alone, out = model.ps, lc.alpha + lc.beta * n * nbytes / k, []
+    for p in range(k):
+        s = piece_server(home, p, model.servers)
+        chain: list[Step] = [(f"link:server{s}:push", alone, f"piece{p}:push@server{s}", Flow(nbytes / k, PUSH))]
+        if lay is not None:
+            chain.append((f"server{s}", lay.update_alpha + lay.update_beta * nbytes / k,
+                          f"piece{p}:update@server{s}", None))
+        chain.append((f"link:server{s}:pull", alone, f"piece{p}:pull@server{s}", Flow(nbytes / k, PULL)))
+        out.append(chain)
+    return out
 
 
 def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> BuiltGraph:
@@ -102,6 +120,7 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
         return len(names) - 1
 
     node_of_op: dict[str, int] = {}
+    flows: dict[int, Flow] = {}
     mb = max(1, strategy.accum)
 
     in_mb = micro_ops(model) if mb > 1 else frozenset()
@@ -169,19 +188,21 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
             src.append(prev_in); dst.append(i_in)
         prev_in = i_in
         home = model.ps.home[members[0]] if model.ps is not None else 0
-        for p in range(k):
+        for p, chain in enumerate(_piece_chains(model, nbytes, k, home)):
             last = i_in
-            for dv, t, label in _xfer_steps(model, nbytes, k, p, home):
-                i = node(f"group{g}:piece{p}:{label}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
+            for dv, t, label, flow in chain:
+                i = node(f"group{g}:{label}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
                 src.append(last); dst.append(i)
                 last = i
+                if flow is not None:
+                    flows[i] = flow
             src.append(last); dst.append(i_out)
     owner = np.zeros(len(devices), dtype=np.int64)
     is_comm = np.array([d == "comm" or d.startswith(("link", "server")) for d in devices], dtype=bool)
-    if coarsen:
+    if coarsen and not flows:
         return _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm)
     g = compile_graph(names, dur, np.zeros(len(names)), cat, device, prio, src, dst, devices, owner, ["worker"], is_comm)
-    return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op)
+    return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op, flows or None)
 
 
 def micro_ops(model: JobModel) -> frozenset[str]:
@@ -372,6 +393,8 @@ def replay(model: JobModel, built: BuiltGraph) -> Schedule:
     (``model.cpu``), with host ops and transfers slowed while they overlap
     (:mod:`dpro.optimizer.contention`)."""
     g = built.graph
+    if built.flows:
+        return fluid.simulate(g, built.flows, model.link.alpha, model.link.beta, model.world_size)
     loss = model.cpu.loss if model.cpu is not None else 0.0
     if loss <= 0:
         return simulate(g)
@@ -397,7 +420,7 @@ def sync_time(model: JobModel, nbytes: int, k: int) -> float:
     one = JobModel(ops={}, edges=[], units=[Unit("t", nbytes, [], [])], baseline_groups=[],
                    world_size=model.world_size, scheme=model.scheme, library=model.library,
                    framework=model.framework, link=model.link, launch_us=model.launch_us, servers=model.servers)
-    t = model.sync_cache[key] = simulate(build(one, Strategy(((0,),), (k,))).graph).makespan
+    t = model.sync_cache[key] = replay(one, build(one, Strategy(((0,),), (k,)))).makespan
     return t
 
 

@@ -9,9 +9,11 @@ layers this can leave one server with most of the bytes; a lower bound spreads t
 
 A server's costs are fitted from its own ops in the trace:
 
-* its link: a pull answered to all N workers is ``alpha + beta * N * bytes`` (busy periods
-  of the server's ``PULL_REQ`` ops; pushes are taken to cost the same, since a link is
-  capped alike both ways);
+* the link: a pull answered to all N workers is ``alpha + beta * N * bytes`` on the
+  server's port, a worker's pieces ``beta * bytes`` on its own (busy periods of the
+  servers' ``PULL_REQ`` ops, and of the workers' ``PUSH_REQ`` ops when servers outnumber
+  workers: :func:`fit_server_link`; pushes and pulls are taken to cost the same, since a
+  link is capped alike both ways);
 * its update: ``update_alpha + update_beta * bytes`` (the ``update:<param>`` ops).
 """
 
@@ -82,15 +84,26 @@ def server_of(op_id: str) -> int | None:
 
 
 def fit_server_link(gt: GTrace, steps: list[int]) -> LinkCost | None:
-    """alpha (µs per message) and beta (µs per byte through one server's port) from the
-    busy periods of every server's answers to pulls."""
-    rows: list[tuple[float, float, float]] = []
-    for nt in gt.nodes.values():
-        if nt.info.role != "server":
-            continue
-        for pieces in _pull_pieces(nt, steps).values():
-            rows += _busy_periods(pieces)
-    rows = [r for r in rows if r[1] > 0 and r[2] > 0]
+    """alpha (µs per message) and beta (µs per byte through one port) from the busy periods
+    of every server's answers to pulls (its port carries all N workers' copies).
+
+    With more servers than workers a worker's port binds, the servers' answers queue
+    behind it and look slower than the link is; so there the busy periods of every
+    worker's pushes (its pieces to every server) are fitted too, and the fit with the
+    lower beta (the side that ran at its cap) is taken for every port."""
+    servers = [nt for nt in gt.nodes.values() if nt.info.role == "server"]
+    workers = [nt for nt in gt.nodes.values() if nt.info.role == "worker"]
+    sides = [(servers, _pull_pieces)] + ([(workers, _push_pieces)] if len(servers) > len(workers) else [])
+    fits = []
+    for nodes, pieces_of in sides:
+        rows = [r for nt in nodes for pieces in pieces_of(nt, steps).values() for r in _busy_periods(pieces)]
+        if fit := _lad_link([r for r in rows if r[1] > 0 and r[2] > 0]):
+            fits.append(fit)
+    return min(fits, key=lambda f: f.beta) if fits else None
+
+
+def _lad_link(rows: list[tuple[float, float, float]]) -> LinkCost | None:
+    """(messages, bytes, µs) rows -> LinkCost by non-negative least absolute deviations."""
     if not rows:
         return None
     A = np.array([[m, b] for m, b, _ in rows], dtype=float)
@@ -98,8 +111,18 @@ def fit_server_link(gt: GTrace, steps: list[int]) -> LinkCost | None:
     alpha, beta = lad_nonneg(A, y)
     pred = A @ np.array([alpha, beta])
     err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-    shapes = len({(m, b) for m, b, _ in rows})
-    return LinkCost(alpha, beta, len(rows), err, shapes)
+    return LinkCost(alpha, beta, len(rows), err, len({(m, b) for m, b, _ in rows}))
+
+
+def _push_pieces(nt: NodeTrace, steps: list[int]) -> dict[int, list[tuple[float, float, int]]]:
+    """Per step: (start, end, bytes) of each piece a worker pushed (request to answer)."""
+    use = set(steps)
+    out: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for e in nt.events:
+        op = nt.ops.get(e.op)
+        if e.step in use and op is not None and op.sub_op == "PUSH_REQ":
+            out[e.step].append((e.ts, e.ts + e.dur, int(op.bytes)))
+    return out
 
 
 def _pull_pieces(nt: NodeTrace, steps: list[int]) -> dict[int, list[tuple[float, float, int]]]:
