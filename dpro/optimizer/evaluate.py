@@ -58,10 +58,11 @@ class BuiltGraph:
     flows: dict[int, Flow] | None = None
 
 
-Step = tuple[str, float, str, "Flow | None"]
+#: (device, duration, label, the message it sends or None) of one step of a piece
+XferStep = tuple[str, float, str, Flow | None]
 
 
-def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list[list[Step]]:
+def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list[list[XferStep]]:
     """The transfer of a group split in ``k``: per piece, the chain of its steps (device,
     duration, label, the message's flow or None), run one after the other.
 
@@ -78,7 +79,7 @@ def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list
     lay, alone, out = model.ps, lc.alpha + lc.beta * n * nbytes / k, []
     for p in range(k):
         s = piece_server(home, p, model.servers)
-        chain: list[Step] = [(f"link:server{s}:push", alone, f"piece{p}:push@server{s}", Flow(nbytes / k, PUSH))]
+        chain: list[XferStep] = [(f"link:server{s}:push", alone, f"piece{p}:push@server{s}", Flow(nbytes / k, PUSH))]
         if lay is not None:
             chain.append((f"server{s}", lay.update_alpha + lay.update_beta * nbytes / k,
                           f"piece{p}:update@server{s}", None))
