@@ -172,8 +172,13 @@ def validate(path: Path, rank_pattern: str) -> None:
 @click.option("--measure-compile", is_flag=True,
               help="PyTorch: after the window, time each model block eagerly and under torch.compile, so that "
                    "`dpro optimize` prices op fusion by measurement (tens of seconds per distinct block).")
+@click.option("--mxnet-keep-bulking", is_flag=True,
+              help="MXNet: keep operator bulking in the window, so the job communicates as it does unprofiled "
+                   "(a bulked segment is then one op). Off by default: the window runs unbulked to see each op, "
+                   "which can change a parameter-server job's pace (docs/profiling.md).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, command: tuple[str, ...]) -> None:
+def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_keep_bulking: bool,
+            command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -194,7 +199,8 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
 
     if warmup < 0 or steps < 1:
         raise click.BadParameter("need --warmup >= 0 and --steps >= 1")
-    res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile)
+    res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile,
+                      mxnet_keep_bulking=mxnet_keep_bulking)
     click.echo(f"dpro: {res.message}", err=True)
     if res.out is not None:
         click.echo(f"dpro: next: dpro replay {res.out}", err=True)

@@ -103,6 +103,31 @@ def test_steps_after_the_window_timed(ps_job):
         assert "bulking off" in w.meta["window_changes_job"]
 
 
+@pytest.mark.slow
+def test_keep_bulking_records_the_job_as_it_runs(tmp_path):
+    """`dpro profile --mxnet-keep-bulking`: the window runs bulked (a segment of the block is
+    one ``ImperativeBulk`` op; the meta names no change to the job), every key is still
+    pushed and pulled, and the trace replays. Without the flag the block's layers show up
+    one by one (test_every_key_pushed_and_pulled checks their producers)."""
+    if not (MX / "python").is_file():
+        pytest.skip("no .venv-mx (run scripts/setup_mxnet.sh, or `make mxnet`)")
+    out = tmp_path / "traces"
+    cmd = [str(MX / "dpro"), "profile", "-o", str(out), "--warmup", "3", "--steps", "3", "--mxnet-keep-bulking", "--",
+           str(MX / "python"), "examples/mxnet/launch_local.py", "-n", "2", "-s", "1", "--timeout", "120", "--",
+           "examples/mxnet/train_ps.py", "--model", "mlp", "--steps", "8"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    gt = load_gtrace(out)
+    for w in gt.workers():
+        assert not w.meta.get("window_changes_job")
+        comp = [op.name for op in w.ops.values() if op.cat in ("FW", "BW")]
+        # the block's layers are inside the bulks; the loss, outside the block, stays op by op
+        assert "ImperativeBulk" in comp and "FullyConnected" not in comp, comp
+        assert len({op.tensor for op in w.ops.values() if op.sub_op == "PUSH_REQ"}) == 8
+        assert len({op.tensor for op in w.ops.values() if op.sub_op == "PULL_RES"}) == 8
+    assert replay(gt).predicted_iteration_us > 0
+
+
 # -- the collector on hand-made recordings ---------------------------------------------
 T0 = 1.7e15
 

@@ -12,6 +12,7 @@ job, against MXNet's default, no split and every key split, on real runs.
    predicted and measured iteration times (medians) and the speed-ups over the default.
 
     .venv/bin/python benchmarks/optimize/ps_strategies.py --jobs mlp-2w2s-cap1000 --repeats 3 [--json]
+        [--keep DIR] [--keep-bulking]
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ SETTINGS = {"MXNet default": "MXNet default (bound 1000000)", "dpro": None, "no 
             "every key split": "every key split across all servers"}
 
 
-def one(job: str, repeats: int, tmp: Path) -> dict:
+def one(job: str, repeats: int, tmp: Path, keep_bulking: bool = False) -> dict:
     m, w, s, cap = JOBS[job]
     d = tmp / job
     trace, strat = d / "trace", d / "strategy"
-    run([str(MX / "dpro"), "profile", "-o", str(trace), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
+    run([str(MX / "dpro"), "profile", "-o", str(trace), "--warmup", str(WARMUP), "--steps", str(STEPS),
+         *(["--mxnet-keep-bulking"] if keep_bulking else []), "--",
          *job_cmd(m, w, s, d / "timing_prof", WARMUP + STEPS + AFTER, cap)])
     opt = json.loads(run([str(MX / "dpro"), "optimize", str(trace), "-o", str(strat), "--json"]).stdout)
     mx = json.loads((strat / "mxnet.json").read_text())
@@ -76,11 +78,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", type=Path, help="keep the traces, strategies and timings here")
+    ap.add_argument("--keep-bulking", action="store_true", help="profile with `dpro profile --mxnet-keep-bulking`")
     a = ap.parse_args()
     rows = []
     with work_dir(a.keep, "dpro-psopt-") as tmp:
         for job in a.jobs.split(","):
-            rows.append(r := one(job, a.repeats, Path(tmp)))
+            rows.append(r := one(job, a.repeats, Path(tmp), a.keep_bulking))
             if a.json:
                 continue
             print(f"{job}: dpro picks MXNET_KVSTORE_BIGARRAY_BOUND={r['bound']}"

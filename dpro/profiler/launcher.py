@@ -118,12 +118,13 @@ def nccl_plugin_env(env: dict[str, str], raw: Path) -> None:
 
 def profile_job(
     args: list[str], out: Path, *, warmup: int, steps: int, force: bool = False, progress: bool | None = None,
-    measure_compile: bool = False,
+    measure_compile: bool = False, mxnet_keep_bulking: bool = False,
 ) -> ProfileOutcome:
     """Run ``args`` with recording on, then write the gTrace to ``out`` (raw traces in out/raw).
 
     ``measure_compile``: the ranks also time their blocks under ``torch.compile`` after the
-    window (:mod:`dpro.profiler.torch_compile_probe`)."""
+    window (:mod:`dpro.profiler.torch_compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
+    keep operator bulking in the window (:mod:`dpro.profiler.mxnet_backend`)."""
     cmd = command_line(args)
     check_output_dir(out, force)
     out.resolve().parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +133,8 @@ def profile_job(
     env.update({ENV_OUT: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
     if measure_compile:
         env["DPRO_MEASURE_COMPILE"] = "1"
+    if mxnet_keep_bulking:
+        env["DPRO_MXNET_KEEP_BULKING"] = "1"
     nccl_plugin_env(env, raw)
     theirs = user_timeline(cmd, env)
     if theirs is None and not env.get(ENV_HOROVOD_TIMELINE):

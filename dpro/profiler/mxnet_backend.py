@@ -48,6 +48,10 @@ SERVER_SUFFIX = ".kv.json"
 DEFAULT_BIGARRAY_BOUND = 1_000_000
 
 
+#: keep MXNet's operator bulking in the window (``dpro profile --mxnet-keep-bulking``)
+ENV_KEEP_BULKING = "DPRO_MXNET_KEEP_BULKING"
+
+
 def now_us() -> float:
     """Epoch µs: the clock mx.profiler stamps its events with."""
     return time.time_ns() / 1000.0
@@ -111,7 +115,12 @@ class MXNetBackend:
         """Re-hybridize with operator bulking off (keeping the user's flags), so each op of
         the cached graph is its own profiler event.  Done when the window starts, not
         before: the warm-up runs bulked, at the unprofiled pace the overhead is measured
-        against (dpro.replayer.overhead); the window's first step rebuilds the graph."""
+        against (dpro.replayer.overhead); the window's first step rebuilds the graph.
+
+        Not with ``DPRO_MXNET_KEEP_BULKING=1`` (``dpro profile --mxnet-keep-bulking``): the
+        window then runs the job as the user does, and a bulked segment is one op."""
+        if os.environ.get(ENV_KEEP_BULKING, "") in ("1", "true", "yes"):
+            return
         model = self.model
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
             self._user_flags = dict(getattr(model, "_flags", []))
