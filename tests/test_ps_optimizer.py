@@ -131,7 +131,9 @@ def test_optimize_real_ps_job_and_run_its_strategy(tmp_path):
     # processes share two cores, which neither models: over 5 profiles here it sat between
     # 24 % below and 11 % above it)
     assert abs(res["baseline_us"] / res["replay_predicted_us"] - 1) < 0.3, res
-    assert min(res["baselines_us"].values()) >= res["best_us"] * (1 - 1e-9)
+    # the largest bound within 1 % of the fastest is chosen (fewer messages), so a baseline
+    # may be predicted up to 1 % faster than dpro's pick, never more
+    assert min(res["baselines_us"].values()) * (1 + ps_search.SAME_WITHIN) >= res["best_us"] * (1 - 1e-9)
     mx = json.loads((tmp_path / "s" / "mxnet.json").read_text())
     assert mxnet_env(tmp_path / "s")["MXNET_KVSTORE_BIGARRAY_BOUND"] == str(mx["MXNET_KVSTORE_BIGARRAY_BOUND"])
     # a strategy that splits the three weights of at least 524288 elements, run for real
