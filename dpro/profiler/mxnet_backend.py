@@ -383,6 +383,8 @@ def run_ps_node() -> None:
             def ctl(cmd_id: int, cmd_body: bytes, _: Any) -> None:
                 if cmd_id == 0:
                     rec.rank = int(self.kvstore.rank)  # only while the server runs
+                    # MXNet's own protocol, as in its KVStoreServer: the job's workers send their
+                    # optimizer pickled (kv.set_optimizer) to the live server; never trace input
                     opt = pickle.loads(cmd_body)
                     self.kvstore._set_updater(rec.wrap(mx.optimizer.get_updater(opt)))
                 else:
