@@ -80,9 +80,7 @@ def simulate(g: CompiledGraph, flows: dict[int, Flow], alpha: float, beta: float
 
     launch(t)
     while done < n:
-        nxt, kind = float("inf"), -1
-        if timed:
-            nxt = timed[0][0]
+        nxt = timed[0][0] if timed else float("inf")
         for i, left in moving.items():
             te = t + left / rate(flows[i].direction)
             if te < nxt - _EPS:
