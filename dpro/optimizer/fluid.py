@@ -4,10 +4,12 @@ The Kahn replay (:mod:`dpro.replayer.engine`) runs one op at a time per device. 
 worker's messages do not behave like that: ps-lite keeps one connection per server, so
 messages to one server go one after the other (FIFO), but messages to different servers
 are in flight at once and share the worker's port. Measured on a capped 2-worker,
-4-server MXNet job, a worker's pushes to its four servers all ran together and ended as
-that sharing predicts (docs/optimizer.md, "Parameter-server jobs").
+4-server MXNet job, a worker's pushes to its four servers all ran together, and those to
+one server ended where this model puts them, within 8 % (docs/optimizer.md,
+"Parameter-server jobs").
 
-Here every op keeps its FIFO device (for a message: its connection, ``conn:s<S>:push``);
+Here every op keeps its FIFO device (for a message: the worker's connection to its
+server, ``link:server<S>:push`` or ``:pull``);
 a message op (a *flow*) first waits ``alpha`` (its per-message cost) and then moves its
 bytes at ``1 / (beta * max(N, m))`` bytes/µs, where m is the number of this worker's
 messages moving in the same direction at that moment. ``N`` is there because a server's
