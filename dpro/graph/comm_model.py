@@ -56,12 +56,17 @@ def fit_link_cost(samples: list[tuple[int, int, int, float]]) -> LinkCost | None
     cnt = np.array([m for m, _, _, _ in rows], dtype=float)
     x = np.array([b / n for _, b, n, _ in rows], dtype=float)
     y = np.array([t for _, _, _, t in rows], dtype=float)
-    a_col, b_col = k * cnt, k * x
-    alpha, beta = lad_nonneg(np.stack([a_col, b_col], axis=1), y)
-    pred = a_col * alpha + b_col * beta
+    return lad_link_cost(np.stack([k * cnt, k * x], axis=1), y)
+
+
+def lad_link_cost(A: np.ndarray, y: np.ndarray) -> LinkCost:
+    """``y ≈ A @ (alpha, beta)`` fitted by :func:`lad_nonneg` (rows: messages-like and
+    bytes-like columns per sample, µs), with its RMS relative error and distinct shapes."""
+    alpha, beta = lad_nonneg(A, y)
+    pred = A @ np.array([alpha, beta])
     err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-    shapes = len(set(zip(a_col.tolist(), b_col.tolist())))
-    return LinkCost(float(alpha), float(beta), len(rows), err, shapes)
+    shapes = len(set(map(tuple, A.tolist())))
+    return LinkCost(float(alpha), float(beta), len(y), err, shapes)
 
 
 def lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:

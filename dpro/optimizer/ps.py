@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpro.graph.comm_model import LinkCost, lad_nonneg
+from dpro.graph.comm_model import LinkCost, lad_link_cost, lad_nonneg
 from dpro.gtrace.schema import GTrace, NodeTrace
 
 _SERVER_SUFFIX = re.compile(r"@s(\d+)$")
@@ -103,15 +103,11 @@ def fit_server_link(gt: GTrace, steps: list[int]) -> LinkCost | None:
 
 
 def _lad_link(rows: list[tuple[float, float, float]]) -> LinkCost | None:
-    """(messages, bytes, µs) rows -> LinkCost by non-negative least absolute deviations."""
+    """(messages, bytes, µs) rows -> LinkCost (:func:`~dpro.graph.comm_model.lad_link_cost`)."""
     if not rows:
         return None
     A = np.array([[m, b] for m, b, _ in rows], dtype=float)
-    y = np.array([t for _, _, t in rows], dtype=float)
-    alpha, beta = lad_nonneg(A, y)
-    pred = A @ np.array([alpha, beta])
-    err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-    return LinkCost(alpha, beta, len(rows), err, len({(m, b) for m, b, _ in rows}))
+    return lad_link_cost(A, np.array([t for *_, t in rows], dtype=float))
 
 
 def _push_pieces(nt: NodeTrace, steps: list[int]) -> dict[int, list[tuple[float, float, int]]]:
