@@ -142,7 +142,9 @@ def worker(args: argparse.Namespace) -> None:
 
             checkpoint_modules(model, args.checkpoint.split(","))
         if args.compile and changed:
-            model.compile()
+            from dpro.optimizer.apply import compile_module
+
+            compile_module(model)  # not model.compile(): a no-op on torch's own modules (see there)
         ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)
         opt = _optimizer(args.optimizer, ddp.parameters())
 

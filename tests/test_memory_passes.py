@@ -292,3 +292,26 @@ def test_compile_probe_measures_blocks_without_touching_training_state():
     assert all(v["eager_us"] > 0 and v["compiled_us"] > 0 for v in res.values())
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_compile_modules_compiles_torch_own_modules(tmp_path):
+    """compile.json applied to an ``nn.Sequential`` really runs it under Dynamo: its
+    ``.compile()`` is silently a no-op there (torch 2.13, pytorch/pytorch#150915)."""
+    torch = pytest.importorskip("torch")
+    from torch._dynamo.utils import counters
+
+    from dpro.optimizer.apply import compile_modules
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.nn.Linear(8, 1))
+    x = torch.randn(4, 8)
+    want = model(x)
+    (tmp_path / "compile.json").write_text(json.dumps({"torch_compile_modules": ["0"]}))
+    assert compile_modules(model, tmp_path) == ["0"]
+    assert torch.allclose(model(x), want)
+    assert counters["frames"]["ok"] == 1 and counters["stats"]["unique_graphs"] == 1
+    assert list(model.state_dict()) == ["0.0.weight", "0.0.bias", "1.weight", "1.bias"]  # keys unchanged
+    (tmp_path / "compile.json").write_text(json.dumps({"torch_compile_modules": ["nope"]}))
+    with pytest.raises(Exception, match="no module 'nope'"):
+        compile_modules(model, tmp_path)

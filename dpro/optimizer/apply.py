@@ -157,5 +157,23 @@ def compile_modules(model: Any, path: str | Path) -> list[str]:
             mod = model.get_submodule(n) if n else model
         except AttributeError:
             raise DproInputError(Path(path), f"compile.json: the model has no module {n!r}") from None
-        mod.compile()
+        compile_module(mod)
     return names
+
+
+def compile_module(mod: Any) -> None:
+    """``torch.compile`` a module's forward in place (its hooks stay eager).
+
+    Not ``mod.compile()``: that compiles ``Module._call_impl``, and for torch's own modules
+    (``Sequential``, ``Linear``...) both it and ``forward`` are on Dynamo's skip list, so
+    nothing is compiled and the module silently runs eagerly (torch 2.13,
+    pytorch/pytorch#150915). A function defined here gives Dynamo a frame it traces, and
+    it inlines ``forward`` from there."""
+    import torch
+
+    forward = mod.forward
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    mod.forward = torch.compile(call)
