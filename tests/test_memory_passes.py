@@ -273,6 +273,19 @@ def test_fused_duration_uses_the_smallest_measured_module():
     assert fused_duration(m, ("f2", "f3")) == pytest.approx(1.5 * 20.0)
 
 
+def test_compile_facts_take_the_median_over_ranks():
+    from dpro.optimizer.model import _compile_facts
+
+    ranks = [{"": {"class": "M", "eager_us": 100.0, "compiled_us": 141.0}, "blk": {"eager_us": 10, "compiled_us": 5}},
+             {"": {"class": "M", "eager_us": 100.0, "compiled_us": 117.0}, "blk": {"eager_us": 0, "compiled_us": 5}},
+             {"": {"class": "M", "eager_us": 90.0, "compiled_us": 120.0}},
+             "not a dict", None]
+    got = _compile_facts(ranks)
+    assert got == {"": {"class": "M", "eager_us": 100.0, "compiled_us": 120.0, "ranks": 3},
+                   "blk": {"class": None, "eager_us": 10.0, "compiled_us": 5.0, "ranks": 1}}
+    assert _compile_facts([None, {"x": {"eager_us": -1, "compiled_us": 1}}]) is None
+
+
 def test_compile_probe_measures_blocks_without_touching_training_state():
     torch = pytest.importorskip("torch")
     from dpro.profiler.torch_compile_probe import CompileProbe

@@ -213,7 +213,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         library=gt.manifest.library, framework=gt.manifest.framework, link=link,
         launch_us=float(np.mean(launch)) if launch else 0.0, servers=servers,
         notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
-        compile=_compile_facts(rep.meta.get("compile")), cpu=cpu, worker=rep.info.name,
+        compile=_compile_facts([w.meta.get("compile") for w in workers]), cpu=cpu, worker=rep.info.name,
         loads=dict(zip(names, load)), ps=layout, baseline_partitions=partitions,
     )
 
@@ -281,13 +281,21 @@ def _ps_units(gt: GTrace, rep: NodeTrace, st: dict, ops: dict[str, CompOp], pred
     return units, [[i] for i in range(len(units))], [max(1, len(s)) for s in seen], lay, notes
 
 
-def _compile_facts(d: object) -> dict[str, dict] | None:
-    """The recorder's torch.compile measurements, kept where both times are positive numbers."""
-    if not isinstance(d, dict):
-        return None
-    out = {str(k): v for k, v in d.items() if isinstance(v, dict)
-           and all(isinstance(v.get(x), (int, float)) and v[x] > 0 for x in ("eager_us", "compiled_us"))}
-    return out or None
+def _compile_facts(per_rank: list[object]) -> dict[str, dict] | None:
+    """The recorder's torch.compile measurements, kept where both times are positive
+    numbers; per module, the median over the ranks that measured it (one rank's
+    compiled / eager ratio of the same model varied 1.17–1.37 between runs here)."""
+    times: dict[str, list[tuple[float, float]]] = {}
+    cls: dict[str, object] = {}
+    for d in per_rank:
+        for k, v in (d.items() if isinstance(d, dict) else ()):
+            if isinstance(v, dict) and all(isinstance(v.get(x), (int, float)) and v[x] > 0
+                                           for x in ("eager_us", "compiled_us")):
+                times.setdefault(str(k), []).append((float(v["eager_us"]), float(v["compiled_us"])))
+                cls.setdefault(str(k), v.get("class"))
+    return {k: {"class": cls[k], "eager_us": float(np.median([e for e, _ in t])),
+                "compiled_us": float(np.median([c for _, c in t])), "ranks": len(t)}
+            for k, t in times.items()} or None
 
 
 def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
