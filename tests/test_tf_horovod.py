@@ -238,3 +238,37 @@ def test_timeline_writer_runs_at_idle_priority(profiled):
     assert json.loads((profiled / "raw" / "rank1.meta.json").read_text()).get("horovod_writer_thread") is None
     gt = load_gtrace(profiled)
     assert len(gt.nodes["worker0"].meta["step_wall_us"]) == WARMUP + STEPS
+
+
+def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path):
+    """examples/tensorflow/hvd_recorder.py --dpro-strategy: each horovod.json group is one
+    ``hvd.grouped_allreduce``; the recording names every gradient after its variable (two
+    biases of one shape in different groups, out of the variables' order) and Horovod
+    reduced each group as one; the trace optimizes."""
+    py, hvdrun = TF_VENV / "bin" / "python", TF_VENV / "bin" / "horovodrun"
+    groups = [["convnet/fc2/kernel", "convnet/fc2/bias", "convnet/conv2/bias"],
+              ["convnet/fc1/kernel", "convnet/fc1/bias"], ["convnet/conv1/bias", "convnet/conv3/kernel"]]
+    strategy = tmp_path / "s"
+    strategy.mkdir()
+    (strategy / "horovod.json").write_text(json.dumps({"groups": groups, "HOROVOD_FUSION_THRESHOLD": 64 << 20}))
+    env = dict(os.environ)
+    env.pop("HOROVOD_TIMELINE", None)
+    out = tmp_path / "traces"
+    r = subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "3", "--steps", "3",
+                        "--", str(hvdrun), "-np", "2", "--gloo", "-H", "localhost:2", str(py), str(EXAMPLE),
+                        "--model", "convnet", "--steps", "8", "--dpro-strategy", str(strategy)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    gt = load_gtrace(out)
+    params = [p["name"] for p in json.loads((out / "raw" / "rank0.meta.json").read_text())["params"]]
+    for nt in gt.workers():
+        assert sorted(t.name for t in nt.tensors) == sorted(params)
+        atoms = [set(a["tensors"]) for a in nt.meta["horovod"]["atoms"]]
+        for g in groups:
+            assert any(set(g) <= a for a in atoms), (g, atoms)
+        # each gradient's enqueue op is its group's HorovodGroupedAllreduce node
+        enq = {t["gradient"]: t["enqueue_op"] for t in nt.meta["horovod"]["tensors"]}
+        assert all(enq[n] == enq[g[0]] and "HorovodGroupedAllreduce" in enq[n] for g in groups for n in g)
+    r = subprocess.run([sys.executable, "-m", "dpro.cli", "optimize", str(out), "--budget", "5"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "synchronisation groups" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

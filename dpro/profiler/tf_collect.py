@@ -32,7 +32,11 @@ used as a library): one ALLREDUCE op per atom on device ``comm``, ``enqueue -> a
 allreduce node's consumers in the graph, consecutive atoms chained. Gradient tensors are
 the allreduce inputs: name (the trainable variable, matched by creation order and size,
 else the Horovod name), bytes and shape from the timeline, producer (the graph op that
-computes it), txn (its atom).
+computes it), txn (its atom). A ``HorovodGroupedAllreduce`` (``hvd.grouped_allreduce``,
+Horovod's ``groups=``) is one node for k tensors, named ``<node>_<i>of<k>`` by Horovod:
+each has its own input and its own output's readers, and as groups are created group by
+group, not in the variables' order, each is named after the variable of its size and shape
+whose path shares most scope with its producer.
 
 **Unknown ops.** A trace event whose node is not in the recorded graph (another TF
 version's naming, a function whose graph was not collected) becomes a generic op on its
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +83,10 @@ TF_COLLECTIVES = {
 }
 HOROVOD_PREFIX = "Horovod"
 HOROVOD_ALLREDUCE = "HorovodAllreduce"
+#: one op for a group of tensors (hvd.grouped_allreduce, DistributedOptimizer(groups=...)); Horovod
+#: names its i-th tensor ``<node>_<i>of<n>`` (i from 1)
+HOROVOD_GROUPED = "HorovodGroupedAllreduce"
+ALLREDUCES = (HOROVOD_ALLREDUCE, HOROVOD_GROUPED)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -88,6 +97,7 @@ class _Node:
     name: str
     op: str
     inputs: list[str]  # node names (data and control)
+    data: list[str] = field(default_factory=list)  # data inputs as recorded (``node:k``)
 
 
 @dataclass
@@ -134,7 +144,7 @@ def _parse_graphs(path: Path, graphs: object, hits: Counter) -> dict[str, _Node]
                 raise _fail(path, f"graph node must have string 'name' and 'op' (got {str(n)[:80]})")
             ins = [str(i).split(":")[0] for i in (n.get("inputs") or [])]
             ins += [str(i) for i in (n.get("control") or [])]
-            nodes[n["name"]] = _Node(n["name"], n["op"], ins)
+            nodes[n["name"]] = _Node(n["name"], n["op"], ins, [str(i) for i in (n.get("inputs") or [])])
         key = tuple(sorted(nodes))
         if key in seen:
             continue
@@ -288,7 +298,7 @@ def _classify(r: _Rank, names: set[str], preds: dict[str, set[str]], kept: list[
         elif n.startswith(BW_SCOPES) or any(f"/{sc}" in n for sc in BW_SCOPES):
             cat[n] = "BW"
     # UPDATE: downstream of the gradients
-    seeds = [n for n in names if cat.get(n) in ("BW", "COMM") or typ[n] == HOROVOD_ALLREDUCE]
+    seeds = [n for n in names if cat.get(n) in ("BW", "COMM") or typ[n] in ALLREDUCES]
     stack = list(seeds)
     seen = set(seeds)
     while stack:
@@ -399,39 +409,130 @@ def _build_rank(r: _Rank, world: int) -> tuple[NodeTrace, dict[str, str], dict[s
 
 @dataclass
 class _Grad:
-    hvd_name: str  # the allreduce node = Horovod's tensor name
+    hvd_name: str  # Horovod's tensor name: the allreduce node, or ``<node>_<i>of<n>`` in a grouped one
     name: str  # the gradient's name (trainable variable, else hvd_name)
     producer: str | None  # node computing it
     consumers: list[str]  # traced consumers of the allreduce's output
+    node: str  # the allreduce node (its enqueue op)
+
+
+def _hvd_tensors(r: _Rank, n: str) -> list[str]:
+    """Horovod's tensor names for allreduce node ``n``, in input order."""
+    if r.graph[n].op != HOROVOD_GROUPED:
+        return [n]
+    k = len(r.graph[n].data)
+    return [f"{n}_{i}of{k}" for i in range(1, k + 1)]
+
+
+def _readers(r: _Rank) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """("node:k" -> the nodes reading that output, node -> the nodes reading any of its outputs)."""
+    by_output: dict[str, list[str]] = defaultdict(list)
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for m in r.graph.values():
+        for d in m.data:
+            by_output[d if ":" in d else f"{d}:0"].append(m.name)
+            by_node[d.split(":")[0]].append(m.name)
+    return by_output, by_node
+
+
+def _output_consumers(readers: tuple[dict[str, list[str]], dict[str, list[str]]], n: str, i: int,
+                      traced: set[str]) -> list[str]:
+    """Traced nodes fed by output ``i`` of node ``n`` (through untraced nodes)."""
+    by_output, by_node = readers
+    out: set[str] = set()
+    seen: set[str] = set()
+    stack = list(by_output.get(f"{n}:{i}", []))
+    while stack:
+        c = stack.pop()
+        if c not in seen:
+            seen.add(c)
+            if c in traced:
+                out.add(c)
+            else:
+                stack.extend(by_node.get(c, []))
+    return sorted(out)
 
 
 def _gradients(r: _Rank, ids: dict[str, str], preds: dict[str, set[str]], tl: HorovodTimeline | None) -> list[_Grad]:
-    allreduces = [n for n in ids if n in r.graph and r.graph[n].op == HOROVOD_ALLREDUCE]
+    allreduces = [n for n in ids if n in r.graph and r.graph[n].op in ALLREDUCES]
     order = [n for n in r.hvd_order if n in set(allreduces)]
     order += sorted(set(allreduces) - set(order))
+    tensors = [(n, i, h) for n in order for i, h in enumerate(_hvd_tensors(r, n))]
     params = [p for p in r.meta.get("params", []) if p.get("requires_grad", True)]
-    sizes = {n: (tl.tensors[n][0].size_bytes if tl is not None and tl.tensors.get(n) else None) for n in order}
-    names = _variable_names(r, order, params, sizes)
+    known = {h: tl.tensors[h][0] for _, _, h in tensors if tl is not None and tl.tensors.get(h)}
+    sizes = {h: (known[h].size_bytes if h in known else None) for _, _, h in tensors}
     succ: dict[str, list[str]] = defaultdict(list)
     for v, ps in preds.items():
         for u in ps:
             succ[u].append(v)
+    readers = _readers(r) if any(r.graph[n].op == HOROVOD_GROUPED for n in order) else ({}, {})
     out = []
-    for n in order:
-        ps = sorted(preds.get(n, ()))
-        out.append(_Grad(n, names[n], ps[0] if ps else None, sorted(succ.get(n, []))))
+    for n, i, h in tensors:
+        if r.graph[n].op == HOROVOD_GROUPED:  # per tensor: its own input and its own output's readers
+            src = r.graph[n].data[i].split(":")[0]
+            producer = src if src in ids else None
+            consumers = _output_consumers(readers, n, i, set(ids))
+        else:
+            ps = sorted(preds.get(n, ()))
+            producer, consumers = (ps[0] if ps else None), sorted(succ.get(n, []))
+        out.append(_Grad(h, h, producer, consumers, n))
+    names = _variable_names(r, [h for _, _, h in tensors], params, sizes)
+    if all(names[g.hvd_name] == g.hvd_name for g in out) and len(known) == len(out):
+        names = _names_by_shape(out, params, {h: (t.size_bytes, t.shape) for h, t in known.items()})
+    for g in out:
+        g.name = names[g.hvd_name]
     return out
 
 
+def _names_by_shape(grads: list[_Grad], params: list[dict],
+                    known: dict[str, tuple[int | None, tuple[int, ...] | None]]) -> dict[str, str]:
+    """Horovod tensor -> trainable variable where the creation order does not follow the
+    variables' (grouped all-reduces are created group by group): each tensor, in creation
+    order, takes a variable not yet taken of its size and shape, among those the one whose
+    path shares most scope with the node computing the gradient (``gradient_tape/net_1/
+    conv2_1/...`` and ``net/conv2/kernel``: 2). All or nothing: else the Horovod names stay."""
+    free = list(params)
+    out: dict[str, str] = {}
+    for g in grads:
+        size, shape = known[g.hvd_name]
+        fits = [p for p in free if int(p["bytes"]) == size and (shape is None or tuple(p.get("shape", ())) == shape)]
+        if not fits:
+            return {x.hvd_name: x.hvd_name for x in grads}
+        scope = _scope(g.producer or "")
+        best = max(fits, key=lambda p: _common_prefix(scope, str(p["name"]).split("/")))
+        free.remove(best)
+        out[g.hvd_name] = str(best["name"])
+    return out
+
+
+def _scope(node: str) -> list[str]:
+    """A gradient node's name scope as layer path tokens: the tape's scope dropped, and the
+    call count Keras appends to a layer's scope (``conv2_1`` for layer ``conv2``)."""
+    for sc in BW_SCOPES:
+        if node.startswith(sc):
+            node = node[len(sc):]
+    return [re.sub(r"_\d+$", "", t) for t in node.split("/")]
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _variable_names(r: _Rank, order: list[str], params: list[dict], sizes: dict[str, int | None]) -> dict[str, str]:
-    """Allreduce node -> trainable variable, pairing creation order with the variables' order.
+    """Horovod tensor -> trainable variable, pairing creation order with the variables' order.
 
     A gradient that is an ``IndexedSlices`` (embeddings) is all-gathered instead (values and
     indices: two ``HorovodAllgather`` ops) and pairs with no allreduce. Sizes must agree
     where the timeline knows them; on any mismatch the Horovod names are kept.
     """
     keep = {n: n for n in order}
-    created = [n for n in r.hvd_order if n in r.graph and r.graph[n].op in (HOROVOD_ALLREDUCE, "HorovodAllgather")]
+    created = [h for n in r.hvd_order if n in r.graph and r.graph[n].op in (*ALLREDUCES, "HorovodAllgather")
+               for h in _hvd_tensors(r, n)]
     if set(order) - set(created):
         return keep
     out: dict[str, str] = {}
@@ -440,8 +541,9 @@ def _variable_names(r: _Rank, order: list[str], params: list[dict], sizes: dict[
         if i >= len(created):
             return keep
         n = created[i]
-        if r.graph[n].op == "HorovodAllgather":
-            i += 2 if i + 1 < len(created) and r.graph[created[i + 1]].op == "HorovodAllgather" else 1
+        if n in r.graph and r.graph[n].op == "HorovodAllgather":
+            nxt = created[i + 1] if i + 1 < len(created) else None
+            i += 2 if nxt in r.graph and r.graph[nxt].op == "HorovodAllgather" else 1
             continue
         if sizes.get(n) not in (None, int(p["bytes"])):
             return keep
@@ -463,7 +565,8 @@ def _apply_horovod(gt: GTrace, ranks: dict[int, _Rank], built: dict[int, tuple],
     ref = min(ranks)
     by_hvd = {g.hvd_name: g for g in grads[ref]}
     if not by_hvd:
-        gt.notes.append("horovod: the graph has no HorovodAllreduce op: no collectives modelled")
+        gt.notes.append("horovod: the graph has no HorovodAllreduce or HorovodGroupedAllreduce op: no collectives "
+                        "modelled")
         return
     # Horovod names the TF tensor by its graph op; the torch path's plan keys by allreduce.<gradient>.
     rename = {h: f"allreduce.{g.name}" for h, g in by_hvd.items()}
@@ -495,7 +598,7 @@ def _apply_horovod(gt: GTrace, ranks: dict[int, _Rank], built: dict[int, tuple],
     for nt in nodes:
         r = nt.info.rank
         ids = built[r][1]
-        prod[r] = {g.name: ids[g.hvd_name] for g in grads[r] if g.name in params and g.hvd_name in ids}
+        prod[r] = {g.name: ids[g.node] for g in grads[r] if g.name in params and g.node in ids}
     world = max(gt.manifest.world_size, len(nodes))
     excess, (alpha, beta) = hvdlib.excess_times(plan, world)
     hvdlib.add_atom_events(gt, plan, off, prod, excess)
@@ -512,7 +615,7 @@ def _apply_horovod(gt: GTrace, ranks: dict[int, _Rank], built: dict[int, tuple],
                 g = g_of.get(n)
                 if g is None:
                     continue
-                edges.add((ids[g.hvd_name], a.op_id))
+                edges.add((ids[g.node], a.op_id))
                 edges.update((a.op_id, ids[c]) for c in g.consumers)
         for prev, a in zip(plan.atoms, plan.atoms[1:]):
             edges.add((prev.op_id, a.op_id))
@@ -539,7 +642,7 @@ def _apply_horovod(gt: GTrace, ranks: dict[int, _Rank], built: dict[int, tuple],
             "timeline": hvdlib.TIMELINE_NAME, "timeline_rank": 0, "timeline_offset_us": off[r],
             "granularity": "fusion atom: gradients never split across fusion groups in the profiled steps",
             "atoms": atoms, "groups": per_step,
-            "tensors": [{"gradient": g.name, "horovod_name": g.hvd_name, "enqueue_op": built[r][1].get(g.hvd_name),
+            "tensors": [{"gradient": g.name, "horovod_name": g.hvd_name, "enqueue_op": built[r][1].get(g.node),
                          "producer": built[r][1].get(g.producer) if g.producer else None,
                          "consumers": [built[r][1][c] for c in g.consumers]} for g in grads[r]],
         }
@@ -607,7 +710,7 @@ def collect_tf(raw: Path, *, progress: bool | None = None) -> GTrace:
     timeline = raw / hvdlib.TIMELINE_NAME
     if timeline.is_file():
         _apply_horovod(gt, ranks, built, timeline)
-    elif any(op.name == HOROVOD_ALLREDUCE for nt in nodes.values() for op in nt.ops.values()):
+    elif any(op.name in ALLREDUCES for nt in nodes.values() for op in nt.ops.values()):
         gt.notes.append("horovod: no timeline (HOROVOD_TIMELINE) was recorded: the all-reduces are not modelled "
                         "(run the job under `dpro profile`)")
     if not any(t for nt in nodes.values() for t in nt.tensors):

@@ -11,6 +11,10 @@ name) and applies them. (Keras 3 variables break ``hvd.DistributedGradientTape``
 ``hvd.broadcast_variables`` in Horovod 0.28.1, so the step calls ``hvd.allreduce`` and
 the start-up ``hvd.broadcast`` directly.) The two dpro lines are marked below.
 
+``--dpro-strategy DIR`` applies a `dpro optimize -o DIR` strategy: Horovod's fusion
+threshold and cycle time (``horovod.env``) and dpro's tensor groups (``horovod.json``),
+each reduced as one ``hvd.grouped_allreduce``.
+
 The script measures its own step time, independently of dpro: the wall time of each call
 of the compiled step (``--steps`` calls; the first ``--skip`` are compile/warm-up and are
 not counted), reported as the median over the calls dpro profiled and over the calls it
@@ -46,7 +50,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="TF intra- and inter-op threads per worker (default: cores / local workers)")
     p.add_argument("--timing-out", default=None, help="write this rank's timing JSON to PATH.<rank>.json")
+    p.add_argument("--dpro-strategy", default=None,
+                   help="a `dpro optimize -o` directory: Horovod's fusion settings and tensor groups (horovod.json)")
     args = p.parse_args()
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import horovod_env
+
+        os.environ.update(horovod_env(args.dpro_strategy))  # fusion threshold, cycle time: before hvd.init()
     try:
         import horovod.tensorflow as hvd
     except ImportError as e:
@@ -62,6 +72,25 @@ def main() -> None:
         v.assign(hvd.broadcast(v, root_rank=0))
     it = iter(ds)
 
+    # dpro's tensor groups: each is all-reduced as one (hvd.grouped_allreduce); None: Horovod's own fusion
+    groups: list[list[int]] = []
+    if args.dpro_strategy:
+        from dpro.optimizer.apply import horovod_groups
+
+        index = {id(v): i for i, v in enumerate(model.trainable_variables)}
+        named = [(v.path, v) for v in model.trainable_variables]
+        groups = [[index[id(v)] for v in g] for g in horovod_groups(args.dpro_strategy, named) or []]
+
+    def allreduce(grads: list) -> list:
+        # dense all-reduces (like sparse_as_dense=True): an embedding's IndexedSlices would be all-gathered
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        out = list(grads)
+        for g in groups:
+            for i, r in zip(g, hvd.grouped_allreduce([grads[i] for i in g], op=hvd.Average)):
+                out[i] = r
+        grouped = {i for g in groups for i in g}
+        return [r if i in grouped else hvd.allreduce(r, op=hvd.Average) for i, r in enumerate(out)]
+
     recorder = dpro.Recorder(model)  # dpro line 1
 
     @tf.function
@@ -69,9 +98,7 @@ def main() -> None:
         x, y = next(it)
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        # dense all-reduces (like sparse_as_dense=True): an embedding's IndexedSlices would be all-gathered
-        grads = [hvd.allreduce(tf.convert_to_tensor(g), op=hvd.Average) for g in grads]
+        grads = allreduce(tape.gradient(loss, model.trainable_variables))
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
