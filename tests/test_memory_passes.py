@@ -273,6 +273,20 @@ def test_fused_duration_uses_the_smallest_measured_module():
     assert fused_duration(m, ("f2", "f3")) == pytest.approx(1.5 * 20.0)
 
 
+def test_modules_to_compile_hold_each_fusion():
+    """Compiling each op's own layer cannot fuse across layers: compile.json names the
+    deepest module around each fusion, and only the outermost of those."""
+    from dpro.passes.op_fusion import enclosing_module, outermost
+
+    m = small_model()
+    assert enclosing_module(m, ("f1", "f2")) == "blk"
+    assert enclosing_module(m, ("f1",)) == "blk.a"
+    assert enclosing_module(m, ("f2", "f3")) == ""  # blk.b and head: only the model holds both
+    assert enclosing_module(m, ("b1", "u")) == ""  # u belongs to no module
+    assert outermost({"blk", "blk.a", "head"}) == ["blk", "head"]
+    assert outermost({"", "blk"}) == [""]
+
+
 def test_compile_facts_take_the_median_over_ranks():
     from dpro.optimizer.model import _compile_facts
 

@@ -71,7 +71,13 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
             lines.append(f"  MXNet kvstore: MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}{keep} "
                          f"on every worker  -> {_ms(r.iteration_us)} predicted (mxnet.env)")
     if st.fusions:
-        lines.append("  op fusion: compile the layers listed in compile.json (torch.compile / XLA jit_compile)")
+        modules, measured = _compile_plan(res)
+        names = ", ".join(repr(x) if x else "the whole model" for x in modules)
+        lines.append(f"  op fusion: torch.compile {names} (compile.json; "
+                     f"{'priced by torch.compile' if measured else 'an estimate'})")
+        if not measured:
+            lines.append("    price it for real with `dpro profile --measure-compile`; a compiled backward also changes "
+                         "the order gradients become ready in, so DDP's buckets can differ from ddp.json's list")
     if st.recompute:
         lines.append(f"  recomputation: torch.utils.checkpoint on {', '.join(st.recompute)} (memory.json)")
     if _amp(res):
@@ -134,19 +140,27 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
                              "predicted_iteration_us": res.best.iteration_us}
     if st.fusions:
         m = res.model
-        from dpro.passes.op_fusion import measured_module
-
-        measured = {measured_module(m, f.ops) for f in st.fusions}
-        # compile the measured modules the fusions were priced by ("" = the whole model), else the layers
-        layers = sorted(measured) if None not in measured else sorted(
-            {m.ops[o].layer for f in st.fusions for o in f.ops if m.ops[o].layer})
+        modules, measured = _compile_plan(res)
         files["compile.json"] = {
             "op_fusion": [{"ops": list(f.ops), "layers": sorted({m.ops[o].layer for o in f.ops if m.ops[o].layer}),
                            "dur_us": f.dur} for f in st.fusions],
-            "torch_compile_modules": layers,
-            "priced_by": "measured (torch.compile)" if None not in measured else "estimate (host gaps removed)",
+            "torch_compile_modules": modules,
+            "priced_by": "measured (torch.compile)" if measured else "estimate (host gaps removed)",
         }
     return files
+
+
+def _compile_plan(res: OptimizeResult) -> tuple[list[str], bool]:
+    """The modules to compile for the best strategy's op fusions, and whether every fusion
+    was priced by measurement: the measured modules they were priced by (``""``: the whole
+    model), else the smallest module around each fusion."""
+    from dpro.passes.op_fusion import enclosing_module, measured_module, outermost
+
+    m, fusions = res.model, res.best.strategy.fusions
+    measured = {measured_module(m, f.ops) for f in fusions}
+    if None not in measured:
+        return outermost({x for x in measured if x is not None}), True
+    return outermost({enclosing_module(m, f.ops) for f in fusions}), False
 
 
 def write_strategy_dir(res: OptimizeResult, root: Path, *, force: bool = False) -> None:

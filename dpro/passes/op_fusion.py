@@ -37,6 +37,26 @@ def measured_module(model: JobModel, ops: tuple[str, ...]) -> str | None:
     return best
 
 
+def enclosing_module(model: JobModel, ops: tuple[str, ...]) -> str:
+    """The deepest module that holds every op of ``ops`` (``""``: the model; also where an
+    op belongs to no module): compiling it is what can fuse them, not compiling each op's
+    own layer apart (a Linear and the ReLU after it are fused by compiling their parent)."""
+    paths = [(model.ops[o].layer or "").split(".") if model.ops[o].layer else [] for o in ops]
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common) if all(paths) else ""
+
+
+def outermost(modules: set[str]) -> list[str]:
+    """The modules not inside another one of the set (compiling those covers the rest)."""
+    def inside(m: str, a: str) -> bool:
+        return a == "" or m.startswith(a + ".")
+    return sorted(m for m in modules if not any(a != m and inside(m, a) for a in modules))
+
+
 def fused_duration(model: JobModel, ops: tuple[str, ...], compute_factor: float = 1.0) -> float:
     """Estimated duration (µs) of ``ops`` run as one (see the module docstring)."""
     mod = measured_module(model, ops)
