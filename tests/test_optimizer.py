@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from dpro.cli import cli
 from dpro.graph.comm_model import LinkCost
+from dpro.gtrace.schema import NodeInfo, NodeTrace
 from dpro.loader import open_trace
 from dpro.optimizer import libraries as lib
 from dpro.optimizer.evaluate import analyse, iteration_us, sync_time
@@ -156,6 +157,39 @@ def test_ddp_buckets_match_torch():
 def test_horovod_cycles():
     # ready at 0.1, 0.5, 1.2, 1.3 ms; 1 ms cycles; threshold 250 B
     assert lib.horovod_groups([100, 500, 1200, 1300], [100, 100, 100, 200], threshold=250, cycle_us=1000) == [[0, 1], [2], [3]]
+
+
+def test_horovod_cycles_wait_for_the_running_buffer():
+    """Ready at 0.1, 1.5, 2.5 and 7.6 ms, 1 ms cycles. Idle runs: one buffer each. With 3 ms
+    per buffer: the wake-up at 1 ms runs [0] until 4 ms; the loop wakes at once then and
+    fuses 1 and 2, runs them until 7 ms; the next wake-ups are at 8 ms (7 + 1): [3]."""
+    ready, sizes = [100, 1500, 2500, 7600], [100] * 4
+    assert lib.horovod_groups(ready, sizes) == [[0], [1], [2], [3]]
+    assert lib.horovod_groups(ready, sizes, busy_us=lambda b: 3000.0) == [[0], [1, 2], [3]]
+    # a run shorter than a cycle changes nothing; the threshold still splits a wake-up's tensors
+    assert lib.horovod_groups(ready, sizes, busy_us=lambda b: 500.0) == [[0], [1], [2], [3]]
+    assert lib.horovod_groups(ready, sizes, threshold=100, busy_us=lambda b: 3000.0) == [[0], [1], [2], [3]]
+
+
+def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
+    """fw 10 -> b1 10 -> b2 1 -> upd, gradients ready at 20 and 21 µs, 1 µs per byte: with 1 ms
+    cycles Horovod would fuse them, but the job as profiled (recorded: no fusion setting)
+    sent them apart, and that is what its defaults did there."""
+    from dpro.optimizer.model import _ran_horovod_defaults
+    from dpro.optimizer.optimize import horovod_default
+
+    m = two_grads(alpha=5, b2_dur=1)
+    assert horovod_default(m).groups == ((0, 1),)  # simulated
+    m.horovod_defaults_profiled = True
+    assert horovod_default(m).groups == ((0,), (1,))  # the job's own
+    nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
+    assert not _ran_horovod_defaults(nt)  # not recorded: unknown
+    nt.meta = {"horovod_settings": {}}
+    assert _ran_horovod_defaults(nt)
+    nt.meta = {"horovod_settings": {"HOROVOD_FUSION_THRESHOLD": "0"}}
+    assert not _ran_horovod_defaults(nt)
+    nt.meta = {"horovod_settings": {}, "horovod": {"tensors": [{"enqueue_op": "HorovodGroupedAllreduce_x@cpu:tf0"}]}}
+    assert not _ran_horovod_defaults(nt)
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -52,6 +52,8 @@ def test_gtrace_complete(profiled):
     # rank 0's Horovod timeline writer (it spins while HOROVOD_TIMELINE is set) was found and idled
     assert isinstance(gt.nodes["worker0"].meta.get("horovod_writer_thread"), int)
     assert gt.nodes["worker1"].meta.get("horovod_writer_thread") is None
+    # it ran with Horovod's default fusion, and says so (its grouping is then Horovod's default)
+    assert all(nt.meta.get("horovod_settings") == {} for nt in gt.workers())
     sys.path.insert(0, str(EXAMPLE.parent))
     from models import build
 

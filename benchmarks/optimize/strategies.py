@@ -9,15 +9,18 @@
    (medians) and the speed-ups over the job as profiled;
 4. with ``--horovod``, the same for Horovod (gloo): profile examples/pytorch/hvd_recorder.py with
    Horovod's defaults, ``dpro optimize`` it, and measure examples/pytorch/train_horovod.py with
-   the defaults, with dpro's ``horovod.json`` (groups + fusion threshold) and with
-   ``HOROVOD_AUTOTUNE=1`` (measured only: autotuning has no fixed strategy to predict).
+   the defaults, with dpro's ``horovod.json`` (groups + fusion threshold), with no fusion
+   (``HOROVOD_FUSION_THRESHOLD=0``) and with ``HOROVOD_AUTOTUNE=1`` (measured only:
+   autotuning has no fixed strategy to predict).
 
 With ``--cap-mbit R`` (root) every rank runs in its own network namespace with a ``tbf``
 cap of R Mbit/s per direction on its link (benchmarks/fidelity/netns.py), so
 communication matters more; the DDP profile is then taken with the recorder's
 environment set on each rank and collected like `dpro profile` does, the Horovod ranks
 are started by benchmarks/fidelity/hvd_netns.py (under `dpro profile` for the profile).
-``--no-ddp`` measures Horovod only.
+``--no-ddp`` measures Horovod only. ``--tf`` (with ``--horovod``): the Horovod job is the
+TensorFlow one (examples/tensorflow/hvd_recorder.py in ``.venv-tf``, one TF thread per rank;
+``--model convnet`` or ``transformer``), measured by its own timer without dpro.
 
     python benchmarks/optimize/strategies.py --model mlp --repeats 3 [--horovod [--no-ddp]] [--cap-mbit 1000]
 """
@@ -95,8 +98,19 @@ def horovod_launcher(nproc: int, net) -> list[str]:
             "--"]
 
 
+TF_PY = ROOT / ".venv-tf" / "bin" / "python"
+TF_EXAMPLE = "examples/tensorflow/hvd_recorder.py"
+
+
 def measure_horovod(args: argparse.Namespace, extra: list[str], env: dict[str, str], out: Path, net=None) -> float:
-    """Median step (µs, mean over ranks) of train_horovod.py, its own timer."""
+    """Median step (µs, mean over ranks) of train_horovod.py (or, ``--tf``, of the TF
+    example run without dpro), its own timer."""
+    if args.tf:
+        run([*horovod_launcher(args.nproc, net), str(TF_PY), TF_EXAMPLE, "--model", args.model, "--threads", "1",
+             "--steps", str(args.steps), "--skip", "5", "--timing-out", str(out / "timing"), *extra],
+            env={**os.environ, **env})
+        return statistics.mean(json.loads((out / f"timing.{r}.json").read_text())["median_step_us_unprofiled"]
+                               for r in range(args.nproc))
     timing = out / "timing_rank{rank}.json"
     run([*horovod_launcher(args.nproc, net),
          sys.executable, "examples/pytorch/train_horovod.py", "--model", args.model, "--steps", str(args.steps),
@@ -117,10 +131,13 @@ def main() -> None:
     p.add_argument("--horovod", action="store_true", help="also Horovod: defaults, dpro's groups, autotune")
     p.add_argument("--cap-mbit", type=float, default=None, help="per-rank bandwidth cap (network namespaces, root)")
     p.add_argument("--no-ddp", action="store_true", help="with --horovod: Horovod only")
+    p.add_argument("--tf", action="store_true", help="with --horovod --no-ddp: the TensorFlow Horovod job (.venv-tf)")
     p.add_argument("--keep", type=Path, default=None, help="copy the traces and strategies here")
     args = p.parse_args()
     if args.no_ddp and not args.horovod:
         p.error("--no-ddp needs --horovod")
+    if args.tf and not args.no_ddp:
+        p.error("--tf needs --horovod --no-ddp")
 
     from dpro.loader import open_trace
     from dpro.optimizer.evaluate import iteration_us
@@ -169,14 +186,17 @@ def main() -> None:
                     measured[name].append(measure(args.port + 1 + i, args, extra, out, net))
         hvd_rows = []
         if args.horovod:
+            job = ([str(TF_PY), TF_EXAMPLE, "--threads", "1"] if args.tf
+                   else [sys.executable, "examples/pytorch/hvd_recorder.py"])
             run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), "--", *horovod_launcher(args.nproc, net),
-                 sys.executable, "examples/pytorch/hvd_recorder.py", "--model", args.model, "--steps", "30"])
+                 *job, "--model", args.model, "--steps", "30"])
             run([str(BIN / "dpro"), "optimize", str(tmp / "hvd_trace"), "-o", str(tmp / "hvd_strategy"), "--budget", "20"])
             doc = json.loads((tmp / "hvd_strategy" / "strategy.json").read_text())
             plan = json.loads((tmp / "hvd_strategy" / "horovod.json").read_text())
             hvd_configs = [("Horovod default", [], {}, doc["baseline_us"]),
                            ("Horovod + dpro groups", ["--dpro-strategy", str(tmp / "hvd_strategy")], {},
                             plan["predicted_iteration_us"]),
+                           ("Horovod no fusion", [], {"HOROVOD_FUSION_THRESHOLD": "0"}, doc["baselines_us"]["no fusion"]),
                            ("Horovod autotune", [], {"HOROVOD_AUTOTUNE": "1"}, None)]
             hm: dict[str, list[float]] = {c[0]: [] for c in hvd_configs}
             for rep in range(args.repeats):

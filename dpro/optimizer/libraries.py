@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 MiB = 1 << 20
 DDP_FIRST_BUCKET_BYTES = MiB
@@ -45,17 +46,40 @@ def ddp_buckets(sizes_ready_order: list[int], cap: int, first_cap: int | None = 
 
 
 def horovod_groups(ready_us: list[float], sizes: list[int], threshold: int = HOROVOD_DEFAULT_THRESHOLD,
-                   cycle_us: float = HOROVOD_DEFAULT_CYCLE_US) -> list[list[int]]:
-    """Fused groups Horovod forms: tensors ready in one cycle, at most ``threshold`` bytes each."""
+                   cycle_us: float = HOROVOD_DEFAULT_CYCLE_US,
+                   busy_us: Callable[[int], float] | None = None) -> list[list[int]]:
+    """Fused groups Horovod forms, in order.
+
+    Its background loop wakes every ``cycle_us``; a wake-up fuses the tensors that became
+    ready before it into buffers of at most ``threshold`` bytes and runs them before the
+    loop sleeps again. ``busy_us`` (a buffer's bytes -> its run time): tensors ready while
+    it runs wait for the next wake-up, which comes at once when the run took longer than
+    a cycle (on a capped TF convnet job Horovod fused 10 gradients into 2 buffers where
+    1 ms cycles alone would give 4). Without it, runs take no time.
+    """
     order = sorted(range(len(ready_us)), key=lambda i: (ready_us[i], i))
+    if cycle_us <= 0:
+        return [[i] for i in order]
     out: list[list[int]] = []
-    cycle, size = None, 0
-    for i in order:
-        c = math.floor(ready_us[i] / cycle_us) if cycle_us > 0 else i
-        if out and c == cycle and size + sizes[i] <= threshold:
-            out[-1].append(i)
-            size += sizes[i]
+    phase, wake, k = 0.0, None, 0
+    while k < len(order):
+        nxt = ready_us[order[k]]
+        if wake is None or wake <= nxt:  # idle until then: the first wake-up after it
+            wake = phase + (math.floor((nxt - phase) / cycle_us) + 1) * cycle_us
+        first = len(out)
+        size = 0
+        while k < len(order) and ready_us[order[k]] < wake:
+            i = order[k]
+            if len(out) > first and size + sizes[i] <= threshold:
+                out[-1].append(i)
+                size += sizes[i]
+            else:
+                out.append([i])
+                size = sizes[i]
+            k += 1
+        end = wake + (sum(busy_us(sum(sizes[i] for i in g)) for g in out[first:]) if busy_us else 0.0)
+        if end > wake + cycle_us:
+            phase = wake = end
         else:
-            out.append([i])
-            cycle, size = c, sizes[i]
+            wake += cycle_us
     return out

@@ -71,7 +71,7 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
         ))
     nt.meta = {k: meta[k] for k in ("framework_version", "ddp", "buckets", "steps", "memory", "compile",
                                     "step_wall_us", "step_wall_after_us", "cpu", "cpu_after_us",
-                                    "horovod_writer_thread") if k in meta}
+                                    "horovod_writer_thread", "horovod_settings") if k in meta}
 
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:

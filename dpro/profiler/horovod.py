@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 
 #: the file `dpro profile` asks Horovod (HOROVOD_TIMELINE) to write in the recording dir
 TIMELINE_NAME = "horovod_timeline.json"
+#: Horovod's fusion settings; a rank's meta records those set (``horovod_settings``): none set
+#: means the job ran with Horovod's default fusion, so its own grouping is that default
+SETTINGS_ENV = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
 COMM_DEVICE = "comm"
 OP_NAME = "horovod:allreduce"
 MAIN = "cpu:main"
@@ -273,6 +276,11 @@ def plan_atoms(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, 
     members = sorted(sig.values(), key=lambda ts: pos[ts[0]])
     atoms = [Atom(k, ts, sum(int(params[n]["bytes"]) for n in ts)) for k, ts in enumerate(members)]
     return _Plan(params, steps, group_of, order, atoms, notes)
+
+
+def settings_from_env() -> dict[str, str]:
+    """Horovod's fusion settings this process runs with (the environment variables set)."""
+    return {k: os.environ[k] for k in SETTINGS_ENV if k in os.environ}
 
 
 def start_dynamic_timeline(module: str, out_dir: Path) -> Any | None:

@@ -29,7 +29,7 @@ from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
 from dpro.profiler.torch_compile_probe import CompileProbe, enabled as compile_probe_enabled
 from dpro.profiler.torch_memory import MemoryWatch
-from dpro.profiler.horovod import start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
 from dpro.profiler.horovod_writer import idle_timeline_writer
 
 log = logging.getLogger(__name__)
@@ -237,6 +237,8 @@ class TorchBackend:
             "step_wall_us": list(getattr(self, "step_wall_us", [])),
             # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
             "horovod_writer_thread": self.writer.tid if self.writer is not None else None,
+            # the fusion settings it ran with (dpro.optimizer: Horovod's default is the job's own grouping)
+            **({"horovod_settings": settings_from_env()} if backend == "horovod" else {}),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None
