@@ -240,14 +240,19 @@ def test_timeline_writer_runs_at_idle_priority(profiled):
     assert len(gt.nodes["worker0"].meta["step_wall_us"]) == WARMUP + STEPS
 
 
-def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path):
+@pytest.mark.parametrize("model, groups", [
+    # two biases of one shape in different groups, out of the variables' order
+    ("convnet", [["convnet/fc2/kernel", "convnet/fc2/bias", "convnet/conv2/bias"],
+                 ["convnet/fc1/kernel", "convnet/fc1/bias"], ["convnet/conv1/bias", "convnet/conv3/kernel"]]),
+    # the second block's tensors first; both blocks have the same shapes
+    ("transformer", [["b1_attn/value/kernel", "b1_attn/value/bias", "b1_ln2/gamma", "b1_ln2/beta"],
+                     ["b0_ln1/gamma", "b0_ln1/beta", "b0_attn/query/kernel", "b0_attn/query/bias"]]),
+])
+def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path, model, groups):
     """examples/tensorflow/hvd_recorder.py --dpro-strategy: each horovod.json group is one
-    ``hvd.grouped_allreduce``; the recording names every gradient after its variable (two
-    biases of one shape in different groups, out of the variables' order) and Horovod
-    reduced each group as one; the trace optimizes."""
+    ``hvd.grouped_allreduce``; the recording names every gradient after its variable and
+    Horovod reduced each group as one; the trace optimizes."""
     py, hvdrun = TF_VENV / "bin" / "python", TF_VENV / "bin" / "horovodrun"
-    groups = [["convnet/fc2/kernel", "convnet/fc2/bias", "convnet/conv2/bias"],
-              ["convnet/fc1/kernel", "convnet/fc1/bias"], ["convnet/conv1/bias", "convnet/conv3/kernel"]]
     strategy = tmp_path / "s"
     strategy.mkdir()
     (strategy / "horovod.json").write_text(json.dumps({"groups": groups, "HOROVOD_FUSION_THRESHOLD": 64 << 20}))
@@ -256,7 +261,7 @@ def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path):
     out = tmp_path / "traces"
     r = subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "3", "--steps", "3",
                         "--", str(hvdrun), "-np", "2", "--gloo", "-H", "localhost:2", str(py), str(EXAMPLE),
-                        "--model", "convnet", "--steps", "8", "--dpro-strategy", str(strategy)],
+                        "--model", model, "--steps", "8", "--dpro-strategy", str(strategy)],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     gt = load_gtrace(out)

@@ -36,7 +36,7 @@ computes it), txn (its atom). A ``HorovodGroupedAllreduce`` (``hvd.grouped_allre
 Horovod's ``groups=``) is one node for k tensors, named ``<node>_<i>of<k>`` by Horovod:
 each has its own input and its own output's readers, and as groups are created group by
 group, not in the variables' order, each is named after the variable of its size and shape
-whose path shares most scope with its producer.
+whose layer path shares the longest run of scope with the graph node feeding it.
 
 **Unknown ops.** A trace event whose node is not in the recorded graph (another TF
 version's naming, a function whose graph was not collected) becomes a generic op on its
@@ -414,6 +414,7 @@ class _Grad:
     producer: str | None  # node computing it
     consumers: list[str]  # traced consumers of the allreduce's output
     node: str  # the allreduce node (its enqueue op)
+    source: str = ""  # the graph node feeding it (traced or not): its name scope names the layer
 
 
 def _hvd_tensors(r: _Rank, n: str) -> list[str]:
@@ -468,17 +469,22 @@ def _gradients(r: _Rank, ids: dict[str, str], preds: dict[str, set[str]], tl: Ho
     readers = _readers(r) if any(r.graph[n].op == HOROVOD_GROUPED for n in order) else ({}, {})
     out = []
     for n, i, h in tensors:
+        data = r.graph[n].data
+        src = data[i if r.graph[n].op == HOROVOD_GROUPED else 0].split(":")[0] if data else ""
         if r.graph[n].op == HOROVOD_GROUPED:  # per tensor: its own input and its own output's readers
-            src = r.graph[n].data[i].split(":")[0]
             producer = src if src in ids else None
             consumers = _output_consumers(readers, n, i, set(ids))
         else:
             ps = sorted(preds.get(n, ()))
             producer, consumers = (ps[0] if ps else None), sorted(succ.get(n, []))
-        out.append(_Grad(h, h, producer, consumers, n))
+        out.append(_Grad(h, h, producer, consumers, n, src or producer or ""))
+    # creation order is the variables' unless tensors were grouped (then it is the groups')
     names = _variable_names(r, [h for _, _, h in tensors], params, sizes)
-    if all(names[g.hvd_name] == g.hvd_name for g in out) and len(known) == len(out):
-        names = _names_by_shape(out, params, {h: (t.size_bytes, t.shape) for h, t in known.items()})
+    grouped = any(r.graph[n].op == HOROVOD_GROUPED for n in order)
+    if len(known) == len(out) and (grouped or all(names[g.hvd_name] == g.hvd_name for g in out)):
+        by_shape = _names_by_shape(out, params, {h: (t.size_bytes, t.shape) for h, t in known.items()})
+        if any(by_shape[g.hvd_name] != g.hvd_name for g in out):
+            names = by_shape
     for g in out:
         g.name = names[g.hvd_name]
     return out
@@ -489,8 +495,10 @@ def _names_by_shape(grads: list[_Grad], params: list[dict],
     """Horovod tensor -> trainable variable where the creation order does not follow the
     variables' (grouped all-reduces are created group by group): each tensor, in creation
     order, takes a variable not yet taken of its size and shape, among those the one whose
-    path shares most scope with the node computing the gradient (``gradient_tape/net_1/
-    conv2_1/...`` and ``net/conv2/kernel``: 2). All or nothing: else the Horovod names stay."""
+    layer path (the variable's path less its last part) shares the longest run of scope
+    with the graph node feeding it, traced or not (``gradient_tape/transformer_1/b1_attn_1/
+    value_1/Reshape_1`` and ``b1_attn/value/kernel``: 2; ``b0_attn/value/kernel``: 1). All
+    or nothing: else the Horovod names stay."""
     free = list(params)
     out: dict[str, str] = {}
     for g in grads:
@@ -498,8 +506,8 @@ def _names_by_shape(grads: list[_Grad], params: list[dict],
         fits = [p for p in free if int(p["bytes"]) == size and (shape is None or tuple(p.get("shape", ())) == shape)]
         if not fits:
             return {x.hvd_name: x.hvd_name for x in grads}
-        scope = _scope(g.producer or "")
-        best = max(fits, key=lambda p: _common_prefix(scope, str(p["name"]).split("/")))
+        scope = _scope(g.source)
+        best = max(fits, key=lambda p: _common_run(scope, str(p["name"]).split("/")[:-1]))
         free.remove(best)
         out[g.hvd_name] = str(best["name"])
     return out
@@ -514,13 +522,18 @@ def _scope(node: str) -> list[str]:
     return [re.sub(r"_\d+$", "", t) for t in node.split("/")]
 
 
-def _common_prefix(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common_run(a: list[str], b: list[str]) -> int:
+    """The length of the longest run of tokens that ``a`` and ``b`` share."""
+    best = 0
+    run = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b, 1):
+            cur = run[j]
+            run[j] = prev + 1 if x == y else 0
+            best = max(best, run[j])
+            prev = cur
+    return best
 
 
 def _variable_names(r: _Rank, order: list[str], params: list[dict], sizes: dict[str, int | None]) -> dict[str, str]:
