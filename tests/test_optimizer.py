@@ -192,6 +192,28 @@ def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
     assert not _ran_horovod_defaults(nt)
 
 
+def test_horovod_link_prices_the_spans_by_bytes():
+    """Two ranks (2 ring steps of B/2 bytes each): a 100 B group that took 300 µs (3 µs/B,
+    a burst would make it less) and a 1000 B group that took 1500 µs (1.5 µs/B) in steps 1
+    and 2; step 3 is not typical, and a malformed entry is skipped. The byte-weighted median
+    is the large group's 1.5 µs/B; the latency stays the replay's; the excess per atom is
+    the median over the steps."""
+    from dpro.optimizer.model import _horovod_excess, horovod_link
+
+    nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
+    g = lambda a, b, t, x: {"atoms": [a], "bytes": b, "start_us": 0.0, "end_us": t, "excess_us": x}  # noqa: E731
+    nt.meta = {"horovod": {"atoms": [{"op": "ar#0"}, {"op": "ar#1"}], "groups": {
+        "1": [g(0, 100, 300.0, 10.0), g(1, 1000, 1500.0, 50.0)],
+        "2": [g(0, 100, 300.0, 30.0), g(1, 1000, 1500.0, 70.0), {"atoms": "x"}],
+        "3": [g(1, 1000, 9000.0, 0.0)]}}}
+    link = horovod_link(nt, 2, [1, 2], LinkCost(7.0, 0.5))
+    assert (link.alpha, link.samples, link.shapes) == (7.0, 4, 2)
+    assert link.beta == pytest.approx((1500 - 2 * 7) / 1000)
+    assert _horovod_excess(nt, [1, 2]) == {"ar#0": 20.0, "ar#1": 60.0}
+    nt.meta = {}
+    assert horovod_link(nt, 2, [1], LinkCost(7.0, 0.5)) == LinkCost(7.0, 0.5)  # nothing recorded: the replay's
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_library_defaults_are_kept_without_a_predicted_gain(overlap):
     """fw 10 -> b1 10 -> b2 -> upd 1, two 100 B gradients. Without overlap to win (alpha

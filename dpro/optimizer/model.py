@@ -291,6 +291,22 @@ def _ps_units(gt: GTrace, rep: NodeTrace, st: dict, ops: dict[str, CompOp], pred
     return units, [[i] for i in range(len(units))], [max(1, len(s)) for s in seen], lay, notes
 
 
+def _horovod_groups(nt: NodeTrace, steps: list[int]) -> list[tuple[list[int], int, float, float]]:
+    """The fused groups of ``meta.horovod`` in ``steps``: (atom indices, bytes, span µs,
+    excess µs) each; malformed entries (a hand-edited trace) are skipped."""
+    out = []
+    for s, gs in ((nt.meta.get("horovod") or {}).get("groups") or {}).items():
+        try:
+            if int(s) not in steps:
+                continue
+            for g in gs:
+                out.append(([int(a) for a in g["atoms"]], int(g["bytes"]),
+                             float(g["end_us"]) - float(g["start_us"]), float(g.get("excess_us") or 0.0)))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            continue
+    return out
+
+
 def horovod_link(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) -> LinkCost:
     """The link cost of a Horovod job for the optimizer: ``link``'s latency, and the
     bandwidth that prices its fused collectives' whole spans (LAD: the byte-weighted median).
@@ -304,14 +320,11 @@ def horovod_link(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) ->
     collectives also hold Horovod's negotiation and waits (a free two-parameter fit gave
     1.75 ms per ring step on a 1000 Mbit/s mlp job, where no fusion then ran 2 % faster
     than fused)."""
-    groups = (nt.meta.get("horovod") or {}).get("groups") or {}
-    k = ring_steps(max(2, world))
-    rows = [(len(g["atoms"]), int(g["bytes"]), float(g["end_us"]) - float(g["start_us"]))
-            for s, gs in groups.items() if int(s) in steps for g in gs]
-    rows = [(m, b, t) for m, b, t in rows if b > 0 and t > 0]
+    k, n = ring_steps(max(2, world)), max(2, world)
+    rows = [(len(atoms), b, t) for atoms, b, t, _ in _horovod_groups(nt, steps) if b > 0 and t > 0]
     if not rows:
         return link
-    x = np.array([k * b / max(2, world) for _, b, _ in rows])
+    x = np.array([k * b / n for _, b, _ in rows])
     y = np.array([t - k * m * link.alpha for m, _, t in rows])
     order = np.argsort(y / x)
     cum = np.cumsum(x[order])
@@ -329,21 +342,19 @@ def _ran_horovod_defaults(nt: NodeTrace) -> bool:
     if not isinstance(settings, dict) or settings:
         return False  # not recorded (an older recorder), or set
     tensors = (nt.meta.get("horovod") or {}).get("tensors") or []
-    return not any("Grouped" in str(t.get("enqueue_op") or "") for t in tensors)
+    return not any("Grouped" in str(t.get("enqueue_op") or "") for t in tensors if isinstance(t, dict))
 
 
 def _horovod_excess(nt: NodeTrace, steps: list[int]) -> dict[str, float]:
     """Atom op id -> the median over steps of its fused group's excess (µs) (the importer
     starts an atom's event that much after it could start: dpro.profiler.horovod)."""
-    hv = nt.meta.get("horovod") or {}
-    op_of = {i: a.get("op") for i, a in enumerate(hv.get("atoms") or [])}
+    atoms = (nt.meta.get("horovod") or {}).get("atoms") or []
+    op_of = {i: a.get("op") for i, a in enumerate(atoms) if isinstance(a, dict)}
     per: dict[str, list[float]] = defaultdict(list)
-    for s, gs in (hv.get("groups") or {}).items():
-        if int(s) in steps:
-            for g in gs:
-                for a in g.get("atoms", []):
-                    if op_of.get(a):
-                        per[op_of[a]].append(float(g.get("excess_us") or 0.0))
+    for members, _, _, excess in _horovod_groups(nt, steps):
+        for a in members:
+            if op_of.get(a):
+                per[str(op_of[a])].append(excess)
     return {o: float(np.median(v)) for o, v in per.items()}
 
 
