@@ -392,6 +392,8 @@ def test_latency_note_only_when_alpha_unmeasured_and_more_messages():
     assert latency_note(one, start, Strategy(((0, 1, 2),), (4,)))  # partition: 3 more pieces
     assert latency_note(two, start, split) == []
     assert latency_note(one, split, start) == []
+    (note,) = latency_note(two, start, split, horovod=True)  # Horovod: the latency is a lower bound
+    assert "least its fused collectives allow" in note and "2 more message(s)" in note
 
 
 def test_search_never_ends_above_a_given_start():
