@@ -466,7 +466,8 @@ def _gradients(r: _Rank, ids: dict[str, str], preds: dict[str, set[str]], tl: Ho
     for v, ps in preds.items():
         for u in ps:
             succ[u].append(v)
-    readers = _readers(r) if any(r.graph[n].op == HOROVOD_GROUPED for n in order) else ({}, {})
+    grouped = any(r.graph[n].op == HOROVOD_GROUPED for n in order)
+    readers = _readers(r) if grouped else ({}, {})
     out = []
     for n, i, h in tensors:
         data = r.graph[n].data
@@ -480,7 +481,6 @@ def _gradients(r: _Rank, ids: dict[str, str], preds: dict[str, set[str]], tl: Ho
         out.append(_Grad(h, h, producer, consumers, n, src or producer or ""))
     # creation order is the variables' unless tensors were grouped (then it is the groups')
     names = _variable_names(r, [h for _, _, h in tensors], params, sizes)
-    grouped = any(r.graph[n].op == HOROVOD_GROUPED for n in order)
     if len(known) == len(out) and (grouped or all(names[g.hvd_name] == g.hvd_name for g in out)):
         by_shape = _names_by_shape(out, params, {h: (t.size_bytes, t.shape) for h, t in known.items()})
         if any(by_shape[g.hvd_name] != g.hvd_name for g in out):
