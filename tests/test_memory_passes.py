@@ -7,6 +7,7 @@ run with the change applied for real (benchmarks/memory_fidelity.py's measuremen
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -339,6 +340,10 @@ def test_compile_modules_compiles_torch_own_modules(tmp_path):
     assert torch.allclose(model(x), want)
     assert counters["frames"]["ok"] == 1 and counters["stats"]["unique_graphs"] == 1
     assert list(model.state_dict()) == ["0.0.weight", "0.0.bias", "1.weight", "1.bias"]  # keys unchanged
+    twin = copy.deepcopy(model)  # e.g. an EMA copy: it runs its own parameters
+    with torch.no_grad():
+        twin[1].bias += 1.0
+    assert torch.allclose(twin(x), want + 1.0) and torch.allclose(model(x), want)
     (tmp_path / "compile.json").write_text(json.dumps({"torch_compile_modules": ["nope"]}))
     with pytest.raises(Exception, match="no module 'nope'"):
         compile_modules(model, tmp_path)

@@ -168,12 +168,14 @@ def compile_module(mod: Any) -> None:
     (``Sequential``, ``Linear``...) both it and ``forward`` are on Dynamo's skip list, so
     nothing is compiled and the module silently runs eagerly (torch 2.13,
     pytorch/pytorch#150915). A function defined here gives Dynamo a frame it traces, and
-    it inlines ``forward`` from there."""
+    it inlines ``forward`` from there. Bound as a method, so that a deep copy of the model
+    runs its own parameters."""
+    import types
+
     import torch
 
-    forward = mod.forward
+    mod.forward = types.MethodType(torch.compile(_class_forward), mod)
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return forward(*args, **kwargs)
 
-    mod.forward = torch.compile(call)
+def _class_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return type(self).forward(self, *args, **kwargs)
