@@ -105,10 +105,10 @@ TF_EXAMPLE = "examples/tensorflow/hvd_recorder.py"
 def measure_horovod(args: argparse.Namespace, extra: list[str], env: dict[str, str], out: Path, net=None) -> float:
     """Median step (µs, mean over ranks) of train_horovod.py (or, ``--tf``, of the TF
     example run without dpro), its own timer."""
-    if args.tf:
+    if args.tf:  # the example holds dpro's two lines: switched off here (DPRO_DISABLE)
         run([*horovod_launcher(args.nproc, net), str(TF_PY), TF_EXAMPLE, "--model", args.model, "--threads", "1",
              "--steps", str(args.steps), "--skip", "5", "--timing-out", str(out / "timing"), *extra],
-            env={**os.environ, **env})
+            env={**os.environ, "DPRO_DISABLE": "1", **env})
         return statistics.mean(json.loads((out / f"timing.{r}.json").read_text())["median_step_us_unprofiled"]
                                for r in range(args.nproc))
     timing = out / "timing_rank{rank}.json"

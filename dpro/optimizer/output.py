@@ -58,8 +58,11 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
     for r in res.realized:
         if r.library in ("pytorch-ddp", "horovod") and r.settings.get("keep_default"):
             what = "DDP's default buckets" if r.library == "pytorch-ddp" else "Horovod's default fusion"
-            lines.append(f"  {'PyTorch DDP' if r.library == 'pytorch-ddp' else 'Horovod'}: keep {what} (nothing "
-                         f"predicted {100 * MIN_GAIN:g} % faster)  -> {_ms(r.iteration_us)} predicted")
+            why = (f"nothing predicted {100 * MIN_GAIN:g} % faster" if r.library == "pytorch-ddp"
+                   or res.best.iteration_us >= r.iteration_us * (1 - MIN_GAIN) else
+                   "the faster grouping found sends more collectives, whose cost the profile cannot show: see the notes")
+            lines.append(f"  {'PyTorch DDP' if r.library == 'pytorch-ddp' else 'Horovod'}: keep {what} ({why})"
+                         f"  -> {_ms(r.iteration_us)} predicted")
         elif r.library == "pytorch-ddp":
             lines.append(f"  PyTorch DDP: DistributedDataParallel(..., bucket_cap_mb={r.settings['bucket_cap_mb']:.4g})"
                          f"  -> {_ms(r.iteration_us)} predicted (ddp.json)")
