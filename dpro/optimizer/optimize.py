@@ -330,7 +330,10 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         if fit is not None and peak_after > fit.budget_bytes:
             notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
                          "strategy without them")
-    notes += latency_note(model.link, start, best.strategy, horovod=model.library == "horovod")
+    if model.library == "horovod":  # measured against what realize() keeps: Horovod's default
+        notes += latency_note(model.link, horovod_default(model), best.strategy, horovod=True)
+    else:
+        notes += latency_note(model.link, start, best.strategy)
     ov = model.overhead  # the model is of the job unprofiled: compare with the replay scaled alike
     expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
     gap = 100.0 * (base["job as profiled"] - expect) / expect
