@@ -62,7 +62,12 @@ def fit_link_cost(samples: list[tuple[int, int, int, float]]) -> LinkCost | None
 def lad_link_cost(A: np.ndarray, y: np.ndarray) -> LinkCost:
     """``y ≈ A @ (alpha, beta)`` fitted by :func:`lad_nonneg` (rows: messages-like and
     bytes-like columns per sample, µs), with its RMS relative error and distinct shapes."""
-    alpha, beta = lad_nonneg(A, y)
+    return link_cost_on(A, y, *lad_nonneg(A, y))
+
+
+def link_cost_on(A: np.ndarray, y: np.ndarray, alpha: float, beta: float) -> LinkCost:
+    """``(alpha, beta)`` as a LinkCost with its RMS relative error on the samples ``A``,
+    ``y`` (as in :func:`lad_link_cost`) and their distinct shapes."""
     pred = A @ np.array([alpha, beta])
     err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
     shapes = len(set(map(tuple, A.tolist())))

@@ -23,7 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from dpro.errors import DproInputError
-from dpro.graph.comm_model import LinkCost, ring_steps
+from dpro.graph.comm_model import LinkCost, link_cost_on, ring_steps
 from dpro.graph.global_dfg import ACCELERATORS
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
@@ -331,10 +331,8 @@ def horovod_link(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) ->
     order = np.argsort(y / x)
     cum = np.cumsum(x[order])
     beta = max(0.0, float((y / x)[order][np.searchsorted(cum, cum[-1] / 2)]))
-    t = np.array([t for _, _, t in rows])
-    pred = k * np.array([m for m, _, _ in rows]) * link.alpha + beta * x
-    err = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
-    return LinkCost(link.alpha, beta, len(rows), err, len({(m, b) for m, b, _ in rows}))
+    A = np.stack([k * np.array([m for m, _, _ in rows], dtype=float), x], axis=1)
+    return link_cost_on(A, np.array([t for _, _, t in rows]), link.alpha, beta)
 
 
 def _horovod_step_grouping(nt: NodeTrace, units: list[Unit], steps: list[int]) -> list[list[int]] | None:
