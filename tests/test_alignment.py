@@ -112,6 +112,35 @@ def _host_forced_us(res, gt, n: str) -> float:
     return max(_forced_us(res, m) for m in res.offsets_us if gt.nodes[m].info.host == host)
 
 
+def _end_bias_us(gt: GTrace) -> dict[str, float]:
+    """Per node, its host's mean lateness of collective ends (µs): each instance's ends
+    centred on their mean, averaged over instances, then over the host's nodes.  O3 reads
+    a systematic end bias as a clock offset (docs/alignment.md), so the offset found on an
+    unskewed trace may differ from 0 by the hosts' difference of this bias."""
+    from dpro.alignment.extract import extract
+
+    c = extract(gt).coll
+    per: dict[int, list[float]] = {}
+    for k in range(c.n):
+        lo, hi = c.ptr[k], c.ptr[k + 1]
+        e = c.e[lo:hi]
+        for i, x in zip(c.node[lo:hi], e - e.mean()):
+            per.setdefault(int(i), []).append(float(x) * 1e3)
+    names = sorted(gt.nodes, key=lambda n: (gt.nodes[n].info.role != "worker", gt.nodes[n].info.rank, n))
+    node_bias = {names[i]: float(np.mean(v)) for i, v in per.items()}
+    host_of = {n: gt.nodes[n].info.host for n in gt.nodes}
+    return {n: float(np.mean([b for m, b in node_bias.items() if host_of[m] == host_of[n]])) if n in node_bias else 0.0
+            for n in gt.nodes}
+
+
+def _limit_us(base, gt: GTrace, n: str, bias: dict[str, float]) -> float:
+    """How far θ_n may be from the true (single) clock on this recording: the measured
+    identifiability limit, or the hosts' end-bias difference where it is larger, plus what
+    the dependencies force."""
+    ref = base.reference
+    return max(REAL_IDENTIFIABLE_US, 1.5 * abs(bias[n] - bias[ref])) + _host_forced_us(base, gt, n)
+
+
 def _consistent(res) -> bool:
     """The recorded (single) clocks satisfy every dependency the alignment used."""
     return all(_forced_us(res, n) <= 1.0 for n in res.offsets_us)
@@ -125,8 +154,9 @@ def test_real_recovers_injected_skew(ddp4):
     # off the recorded clock by no more than the identifiability limit, plus what the
     # dependencies force on the node's host (nonzero only when recorded events contradict
     # the single clock)
+    bias = _end_bias_us(ddp4)
     for n, v in base.offsets_us.items():
-        assert abs(v) <= REAL_IDENTIFIABLE_US + _host_forced_us(base, ddp4, n), (n, v, base.bounds_us[n], base.notes)
+        assert abs(v) <= _limit_us(base, ddp4, n, bias), (n, v, base.bounds_us.get(n), bias, base.notes)
     cases = [
         {"hostB": 750.0},
         {"hostB": 20_000.0},
@@ -141,7 +171,7 @@ def test_real_recovers_injected_skew(ddp4):
         for n in ddp4.nodes:
             got = res.offsets_us[n] - base.offsets_us[n]
             assert abs(got - want[n]) <= 50.0, (per_host, n, got, want[n])
-            assert abs(res.offsets_us[n] - want[n]) <= REAL_IDENTIFIABLE_US + _host_forced_us(base, ddp4, n)
+            assert abs(res.offsets_us[n] - want[n]) <= _limit_us(base, ddp4, n, bias)
         # every dependency holds (to the tolerance) after alignment
         assert res.terms["max_violation_ms"] * 1e3 <= AlignOptions().tolerance_us + 1e-3
 
