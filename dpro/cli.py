@@ -170,8 +170,9 @@ def validate(path: Path, rank_pattern: str) -> None:
 @click.option("--steps", default=5, show_default=True, help="Calls of the step function to profile.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
 @click.option("--measure-compile", is_flag=True,
-              help="PyTorch: after the window, time each model block eagerly and under torch.compile, so that "
-                   "`dpro optimize` prices op fusion by measurement (tens of seconds per distinct block).")
+              help="After the window, time the model's blocks eagerly and compiled (PyTorch: each block under "
+                   "torch.compile, tens of seconds per distinct block; TensorFlow: the model's forward + backward "
+                   "with and without XLA), so that `dpro optimize` prices op fusion by measurement.")
 @click.option("--mxnet-keep-bulking", is_flag=True,
               help="MXNet: keep operator bulking in the window, so the job communicates as it does unprofiled "
                    "(a bulked segment is then one op). Off by default: the window runs unbulked to see each op, "

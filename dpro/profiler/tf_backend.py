@@ -43,6 +43,8 @@ from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
 from dpro.profiler.horovod import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
 from dpro.profiler.horovod_writer import idle_timeline_writer
+from dpro.profiler.tf_compile_probe import XlaProbe
+from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,9 @@ class TFBackend:
         self.active = False
         self._hvd: Any = None
         self.writer = idle_timeline_writer("horovod.tensorflow")
+        self.xla_probe = XlaProbe(model) if compile_probe_enabled() else None
+        if self.xla_probe is not None:
+            self.xla_probe.start()
 
     def keep_parked(self) -> None:
         """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
@@ -232,6 +237,10 @@ class TFBackend:
                 "graphs": graphs,
                 "horovod_ops": hvd_order,
             })
+            compiled = {}
+            if self.xla_probe is not None:
+                log.warning("dpro: rank %d measuring its model under XLA (--measure-compile)", rank)
+                compiled = self.xla_probe.measure()
             self.meta_path = out / f"rank{rank}.meta.json"
             write_json(self.meta_path, {
                 "format": "dpro-rank-meta",
@@ -245,6 +254,7 @@ class TFBackend:
                 "steps": self.steps,
                 "model": type(self.model).__name__,
                 "params": _variables(self.model),
+                **({"compile": compiled} if compiled else {}),
                 # wall µs of each call of the step function, warm-up and window (dpro.replayer.overhead)
                 "step_wall_us": list(getattr(self, "step_wall_us", [])),
                 # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)

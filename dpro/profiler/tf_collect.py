@@ -399,8 +399,8 @@ def _build_rank(r: _Rank, world: int) -> tuple[NodeTrace, dict[str, str], dict[s
     nt.edges = sorted(edges)
     nt.meta = {"framework_version": r.meta.get("framework_version"), "steps": r.meta.get("steps"),
                "graph_nodes": len(r.graph), "traced_ops": len(names), "generic_ops": len(unknown),
-               **{k: r.meta[k] for k in ("step_wall_us", "step_wall_after_us", "horovod_writer_thread", "horovod_settings")
-                  if k in r.meta}}
+               **{k: r.meta[k] for k in ("step_wall_us", "step_wall_after_us", "horovod_writer_thread",
+                                         "horovod_settings", "compile") if k in r.meta}}
     return nt, ids, preds
 
 
