@@ -143,6 +143,20 @@ def autocast_enabled(path: str | Path) -> bool:
     return v
 
 
+def xla_jit_compile(path: str | Path) -> bool:
+    """Whether the strategy compiles a TensorFlow job's gradient computation with XLA
+    (``compile.json``: ``"xla_jit_compile": true``): compute the loss and the gradients in
+    a ``tf.function(jit_compile=True)`` and reduce and apply them outside it (Horovod's
+    ops are not compiled by XLA)."""
+    p = Path(path)
+    if p.is_dir() and not (p / "compile.json").exists():
+        return False
+    v = _load(path, "compile.json").get("xla_jit_compile", False)
+    if not isinstance(v, bool):
+        raise DproInputError(Path(path), "compile.json: 'xla_jit_compile' must be true or false")
+    return v
+
+
 def compile_modules(model: Any, path: str | Path) -> list[str]:
     """``torch.compile`` (in place) the modules ``compile.json`` lists (``""``: the whole
     model); no compile.json: nothing. Returns the names compiled."""

@@ -18,6 +18,7 @@ from dpro.optimizer.memory_search import MemoryFit, evaluate_memory, fit_memory
 from dpro.optimizer.model import JobModel, job_model
 from dpro.optimizer.search import SearchResult, search
 from dpro.optimizer.strategy import OpScale, Strategy
+from dpro.optimizer.xla import xla_fusion, xla_strategy
 from dpro.passes.base import GraphPass
 from dpro.passes.registry import default_registry
 from dpro.progress import Tick, _noop
@@ -133,9 +134,16 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
         out["DDP default (25 MiB buckets)"] = ddp_strategy(model, None)
     if model.library == "horovod" or model.scheme == "allreduce":
         out["Horovod default (64 MiB, 1 ms cycle)"] = horovod_default(model)
-    if model.compile and "" in model.compile:
+    if model.framework == "pytorch" and model.compile and "" in model.compile:
         out["torch.compile of the whole model (measured)"] = compiled_model_strategy(model)
+    xla = xla_strategy(model)
+    if xla is not None:
+        out[XLA_BASELINE] = xla
     return out
+
+
+#: the TF baseline (and the only op fusion dpro applies on TF): dpro.optimizer.xla
+XLA_BASELINE = "XLA of forward+backward (measured)"
 
 
 def compiled_model_strategy(model: JobModel) -> Strategy:
@@ -167,8 +175,10 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
     out: list[Realized] = []
     sizes = [u.bytes for u in model.units]
     # Library settings change the synchronisation only: op fusion is applied (and predicted) apart;
-    # the memory settings (recomputation, accumulation) stay.
-    best = Strategy(best.groups, best.partitions, recompute=best.recompute, accum=best.accum)
+    # the memory settings (recomputation, accumulation) stay. XLA on TF stays too: it decides
+    # when the gradients are ready, and Horovod's default is then the one under XLA.
+    xf = xla_fusion(model, best)
+    best = Strategy(best.groups, best.partitions, (xf,) if xf else (), recompute=best.recompute, accum=best.accum)
     if model.framework == "pytorch" and all(u.params for u in model.units):
         # DDP takes a size cap, not explicit groups: try the caps that give distinct bucketings.
         total = sum(sizes)
@@ -194,7 +204,7 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
         if best_r is not None:
             out.append(best_r)
     if model.library == "horovod" or (model.framework == "pytorch" and all(u.params for u in model.units)):
-        default = horovod_default(model).with_memory(best.recompute, best.accum)
+        default = (xla_strategy(model) if xf else horovod_default(model)).with_memory(best.recompute, best.accum)
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if t_best > t_default * (1 - MIN_GAIN) or more_horovod_collectives(model, default, best) > 0:
             out.append(Realized("horovod", {
@@ -243,6 +253,18 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
         if best_gap is None or gap < best_gap - 1e-6:
             best, best_gap = m, gap
     return best
+
+
+def _keep_graph_unless_xla_gains(model: JobModel, results: list[SearchResult]) -> list[SearchResult]:
+    """``results`` with the best one without XLA first unless the best with XLA is predicted
+    ``MIN_GAIN`` faster: compiling the job is a change worth making only for a real gain."""
+    best = results[0]
+    if xla_fusion(model, best.strategy) is None:
+        return results
+    plain = next((r for r in results if xla_fusion(model, r.strategy) is None), None)
+    if plain is None or best.iteration_us < plain.iteration_us * (1 - MIN_GAIN):
+        return results
+    return [plain] + [r for r in results if r is not plain]
 
 
 def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy) -> int:
@@ -321,8 +343,12 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         results = ps_search.search(model, tick=tick)
     else:
         results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
+    results = _keep_graph_unless_xla_gains(model, results)
     best = results[0]
     notes = list(model.notes)
+    if model.framework == "tensorflow" and model.ps is None and XLA_BASELINE not in bl:
+        notes.append("op fusion on TensorFlow is XLA of the whole gradient computation: profile with "
+                     "`dpro profile --measure-compile` to have it measured and weighed (docs/optimizer.md)")
     peak_before = peak_after = None
     if model.memory is not None:
         peak_before = evaluate_memory(model, start).peak_bytes
@@ -331,7 +357,8 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
             notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
                          "strategy without them")
     if model.library == "horovod":  # measured against what realize() keeps: Horovod's default
-        notes += latency_note(model.link, horovod_default(model), best.strategy, horovod=True)
+        default = xla_strategy(model) if xla_fusion(model, best.strategy) else horovod_default(model)
+        notes += latency_note(model.link, default, best.strategy, horovod=True)
     else:
         notes += latency_note(model.link, start, best.strategy)
     ov = model.overhead  # the model is of the job unprofiled: compare with the replay scaled alike

@@ -7,7 +7,7 @@
 ``DIR/horovod.env``      the same as environment variables
 ``DIR/mxnet.json``       MXNet kvstore (parameter-server jobs): ``MXNET_KVSTORE_BIGARRAY_BOUND``, the keys it splits
 ``DIR/mxnet.env``        the same as an environment variable
-``DIR/compile.json``     op fusion: the fused ops and the layers to compile (torch.compile / XLA)
+``DIR/compile.json``     op fusion: the fused ops and the layers to compile (torch.compile), or XLA (TensorFlow)
 ``DIR/memory.json``      memory: modules to checkpoint, micro-batches per step, predicted peak
 ``DIR/amp.json``         mixed precision: run forward and loss under autocast (when chosen)
 
@@ -73,7 +73,10 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
             keep = " (keep MXNet's default)" if r.settings.get("keep_default") else ""
             lines.append(f"  MXNet kvstore: MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}{keep} "
                          f"on every worker  -> {_ms(r.iteration_us)} predicted (mxnet.env)")
-    if st.fusions:
+    if st.fusions and _xla(res):
+        lines.append("  op fusion: XLA, the gradient computation under tf.function(jit_compile=True) "
+                     f"(compile.json; priced by XLA: {_xla(res):.3f}x the graph's time)")
+    elif st.fusions:
         modules, measured = _compile_plan(res)
         names = ", ".join(repr(x) if x else "the whole model" for x in modules)
         lines.append(f"  op fusion: torch.compile {names} (compile.json; "
@@ -141,7 +144,13 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
     if _amp(res):
         files["amp.json"] = {"autocast": True, "dtype": "bfloat16", "ops": len(st.scales),
                              "predicted_iteration_us": res.best.iteration_us}
-    if st.fusions:
+    if st.fusions and _xla(res):
+        files["compile.json"] = {
+            "framework": "tensorflow", "xla_jit_compile": True, "ops": len(st.fusions[0].ops),
+            "priced_by": "measured (XLA)", "xla_over_graph": _xla(res),
+            "predicted_iteration_us": res.best.iteration_us,
+        }
+    elif st.fusions:
         m = res.model
         modules, measured = _compile_plan(res)
         files["compile.json"] = {
@@ -151,6 +160,13 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
             "priced_by": "measured (torch.compile)" if measured else "estimate (host gaps removed)",
         }
     return files
+
+
+def _xla(res: OptimizeResult) -> float | None:
+    """XLA / graph time when the best strategy compiles a TF job with XLA, else None."""
+    from dpro.optimizer.xla import xla_fusion, xla_ratio
+
+    return xla_ratio(res.model) if xla_fusion(res.model, res.best.strategy) else None
 
 
 def _compile_plan(res: OptimizeResult) -> tuple[list[str], bool]:

@@ -8,7 +8,8 @@ such module. Otherwise an estimate: the ops' own times, scaled by ``compute_fact
 a fused kernel is dispatched once, so the host gaps between the ops disappear. On eager frameworks these gaps are what fusion mostly saves (dispatch,
 Python, kernel launch); the estimate is conservative where a compiler also saves memory
 traffic. The strategy lists the fused ops and their layers, to hand to ``torch.compile``
-or XLA (docs/optimizer.md).
+(docs/optimizer.md). Not on TensorFlow jobs: there op fusion is XLA of the whole
+gradient computation, weighed apart (:mod:`dpro.optimizer.xla`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class OpFusion(GraphPass):
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
+        if m.framework == "tensorflow":  # no helper compiles a TF region: XLA of it all (dpro.optimizer.xla)
+            return []
         b = a.built
         succ, pred, waits = self._links(m)
         in_node = {int(b.group[i]): i for i in range(b.graph.n) if b.kind[i] == KIND_IN}

@@ -1,0 +1,93 @@
+"""Op fusion on TensorFlow: XLA of the whole gradient computation.
+
+TensorFlow has no per-region helper here (dpro's op-fusion pass fuses chains and hands
+them to ``torch.compile``): what a TF job can apply is compiling the function that computes
+the gradients with ``tf.function(jit_compile=True)`` (``compile.json``:
+``"xla_jit_compile": true``; examples/tensorflow/hvd_recorder.py applies it). That is one
+fused op: every forward and backward op, and every op the recorded graph orders between
+two of them (the loss; reads of variables that the optimizer's ops are chained to), taking
+the time the job spent in them (:func:`busy_us`) × XLA / graph as the recorder measured for the model
+(``dpro profile --measure-compile``: :mod:`dpro.profiler.tf_compile_probe`). The
+gradients all become ready when it ends, so the synchronisation no longer overlaps the
+backward pass, and Horovod fuses them in the wake-ups after it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from dpro.graph.comm_model import ring_steps
+from dpro.optimizer import libraries as lib
+from dpro.optimizer.evaluate import analyse
+from dpro.optimizer.model import JobModel
+from dpro.optimizer.strategy import FusedOp, Strategy
+
+REGION_CATS = ("FW", "BW")
+
+
+def xla_ratio(model: JobModel) -> float | None:
+    """XLA / graph time of the model's forward + backward as measured, or None."""
+    if model.framework != "tensorflow" or not model.compile or "" not in model.compile:
+        return None
+    m = model.compile[""]
+    return m["compiled_us"] / m["eager_us"]
+
+
+def region(model: JobModel) -> tuple[str, ...]:
+    """The ops XLA compiles: forward and backward ops and every op on a path between two
+    of them, in a topological order; () when a synchronisation would wait inside it."""
+    succ: dict[str, list[str]] = defaultdict(list)
+    pred: dict[str, list[str]] = defaultdict(list)
+    for a, b in model.edges:
+        succ[a].append(b)
+        pred[b].append(a)
+    core = {o for o, op in model.ops.items() if op.cat in REGION_CATS}
+
+    def reach(nexts: dict[str, list[str]]) -> set[str]:
+        seen, todo = set(core), list(core)
+        while todo:
+            for y in nexts[todo.pop()]:
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+        return seen
+
+    ops = reach(succ) & reach(pred)
+    if not core or any(c in ops for u in model.units for c in u.consumers):
+        return ()
+    return tuple(o for o in model.topo_order() if o in ops)
+
+
+def busy_us(model: JobModel, ops: tuple[str, ...]) -> float:
+    """The time the job spends in ``ops``: their own times and host gaps, or, where they ran
+    in parallel (several executor threads), the span from the first start to the last end
+    in the replay of the job as profiled, if shorter."""
+    total = sum(model.ops[o].dur + model.ops[o].gap for o in ops)
+    a = analyse(model, Strategy.as_profiled(model))
+    idx = [a.built.node_of_op[o] for o in ops]
+    return min(total, float(max(a.schedule.end[i] for i in idx) - min(a.schedule.start[i] for i in idx)))
+
+
+def xla_strategy(model: JobModel) -> Strategy | None:
+    """The job with its gradient computation compiled by XLA and Horovod's default fusion
+    (every gradient ready at once: Horovod fuses them up to its threshold, a buffer's ring
+    cost apart), or None when not measured or not a TF job."""
+    ratio = xla_ratio(model)
+    ops = region(model)
+    if ratio is None or not ops:
+        return None
+    n = max(2, model.world_size)
+
+    def busy(nbytes: int) -> float:
+        return ring_steps(n) * model.link.step_us(nbytes / n)
+
+    groups = lib.horovod_groups([0.0] * len(model.units), [u.bytes for u in model.units], busy_us=busy)
+    return Strategy.from_groups(groups).with_fusion(ops, ratio * busy_us(model, ops))
+
+
+def xla_fusion(model: JobModel, st: Strategy) -> FusedOp | None:
+    """The XLA fusion of ``st`` (a TF job's strategy), if it has one."""
+    if model.framework != "tensorflow":
+        return None
+    ops = set(region(model))
+    return next((f for f in st.fusions if set(f.ops) == ops), None)
