@@ -45,7 +45,7 @@ def profiled(tmp_path_factory) -> Path:
     env = dict(os.environ)
     env.pop("HOROVOD_TIMELINE", None)
     cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", str(WARMUP),
-           "--steps", str(STEPS), "--", str(hvdrun), "-np", "2", "--gloo", "-H", "localhost:2",
+           "--steps", str(STEPS), "--measure-compile", "--", str(hvdrun), "-np", "2", "--gloo", "-H", "localhost:2",
            str(py), str(EXAMPLE), "--model", "convnet", "--steps", str(WARMUP + STEPS + 4),
            "--timing-out", str(tmp / "timing")]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
@@ -154,6 +154,46 @@ def test_fused_groups_recorded(profiled):
             assert len(tl_groups) == len(groups)
             assert sorted(len(g.ops) for g in tl_groups) == sorted(len(g["tensors"]) for g in groups)
             assert sum(g.size_bytes for g in tl_groups) == sum(g["bytes"] for g in groups)
+
+
+def test_xla_measured_and_weighed(profiled):
+    """--measure-compile: every rank timed the model's forward + backward as a graph and
+    under XLA after the window; the import keeps it and `dpro optimize` weighs XLA."""
+    gt = load_gtrace(profiled)
+    for nt in gt.workers():
+        c = nt.meta["compile"][""]
+        assert c["compiler"] == "xla" and c["class"] == "Sequential"
+        assert c["eager_us"] > 500 and c["compiled_us"] > 0
+    r = subprocess.run([sys.executable, "-m", "dpro.cli", "optimize", str(profiled), "--budget", "5", "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from dpro.optimizer.optimize import XLA_BASELINE
+
+    doc = json.loads(r.stdout)
+    assert doc["baselines_us"][XLA_BASELINE] > 0
+
+
+def test_xla_strategy_is_applied(tmp_path):
+    """compile.json's ``xla_jit_compile``: the example computes loss and gradients under
+    tf.function(jit_compile=True), Horovod outside it; the job trains (the loss falls) and
+    XLA really compiled a cluster (TF's XLA compile counter)."""
+    py, hvdrun = TF_VENV / "bin" / "python", TF_VENV / "bin" / "horovodrun"
+    if not (py.is_file() and hvdrun.is_file()):
+        pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
+    strategy = tmp_path / "s"
+    strategy.mkdir()
+    (strategy / "horovod.json").write_text(json.dumps({"groups": None, "keep_default": True}))
+    (strategy / "compile.json").write_text(json.dumps({"framework": "tensorflow", "xla_jit_compile": True}))
+    env = {**os.environ, "DPRO_DISABLE": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    env.pop("HOROVOD_TIMELINE", None)
+    r = subprocess.run([str(hvdrun), "-np", "2", "--gloo", "-H", "localhost:2", str(py), str(EXAMPLE),
+                        "--model", "convnet", "--steps", "12", "--skip", "2", "--timing-out", str(tmp_path / "t"),
+                        "--dpro-strategy", str(strategy)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    for rank in (0, 1):
+        t = json.loads((tmp_path / f"t.{rank}.json").read_text())
+        assert t["xla"] is True and t["last_loss"] < 2.0  # ln(10) = 2.30 at the start
+    assert "Compiled cluster using XLA" in r.stdout + r.stderr
 
 
 def test_replay_within_bound(profiled):

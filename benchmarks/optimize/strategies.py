@@ -20,7 +20,9 @@ environment set on each rank and collected like `dpro profile` does, the Horovod
 are started by benchmarks/fidelity/hvd_netns.py (under `dpro profile` for the profile).
 ``--no-ddp`` measures Horovod only. ``--tf`` (with ``--horovod``): the Horovod job is the
 TensorFlow one (examples/tensorflow/hvd_recorder.py in ``.venv-tf``, one TF thread per rank;
-``--model convnet`` or ``transformer``), measured by its own timer without dpro.
+``--model convnet`` or ``transformer``), measured by its own timer without dpro; its profile
+is taken with ``--measure-compile`` and XLA (``--xla``: forward and backward under
+``tf.function(jit_compile=True)``) is measured against its prediction.
 
     python benchmarks/optimize/strategies.py --model mlp --repeats 3 [--horovod [--no-ddp]] [--cap-mbit 1000]
 """
@@ -141,7 +143,7 @@ def main() -> None:
 
     from dpro.loader import open_trace
     from dpro.optimizer.evaluate import iteration_us
-    from dpro.optimizer.optimize import ddp_strategy, optimize
+    from dpro.optimizer.optimize import XLA_BASELINE, ddp_strategy, optimize
 
     import contextlib
 
@@ -188,8 +190,9 @@ def main() -> None:
         if args.horovod:
             job = ([str(TF_PY), TF_EXAMPLE, "--threads", "1"] if args.tf
                    else [sys.executable, "examples/pytorch/hvd_recorder.py"])
-            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), "--", *horovod_launcher(args.nproc, net),
-                 *job, "--model", args.model, "--steps", "30"])
+            # TF: the ranks also time the model with and without XLA (the XLA baseline)
+            run([str(BIN / "dpro"), "profile", "-o", str(tmp / "hvd_trace"), *(["--measure-compile"] if args.tf else []),
+                 "--", *horovod_launcher(args.nproc, net), *job, "--model", args.model, "--steps", "30"])
             run([str(BIN / "dpro"), "optimize", str(tmp / "hvd_trace"), "-o", str(tmp / "hvd_strategy"), "--budget", "20"])
             doc = json.loads((tmp / "hvd_strategy" / "strategy.json").read_text())
             plan = json.loads((tmp / "hvd_strategy" / "horovod.json").read_text())
@@ -198,6 +201,8 @@ def main() -> None:
                             plan["predicted_iteration_us"]),
                            ("Horovod no fusion", [], {"HOROVOD_FUSION_THRESHOLD": "0"}, doc["baselines_us"]["no fusion"]),
                            ("Horovod autotune", [], {"HOROVOD_AUTOTUNE": "1"}, None)]
+            if args.tf:
+                hvd_configs.append(("XLA (jit_compile)", ["--xla"], {}, doc["baselines_us"].get(XLA_BASELINE)))
             hm: dict[str, list[float]] = {c[0]: [] for c in hvd_configs}
             for rep in range(args.repeats):
                 for i, (name, extra, env, _) in rotated(hvd_configs, rep):
@@ -207,7 +212,8 @@ def main() -> None:
             for name, _, _, pred in hvd_configs:
                 hvd_rows.append({"config": name, "predicted_us": pred, "measured_us": statistics.median(hm[name]),
                                  "runs_us": hm[name], "groups": len(plan["groups"] or []),
-                                 "keep_default": bool(plan.get("keep_default"))})
+                                 "keep_default": bool(plan.get("keep_default")),
+                                 "dpro_xla": (tmp / "hvd_strategy" / "compile.json").is_file()})
         for name, c, _ in ([] if args.no_ddp else configs):
             pred = iteration_us(m, ddp_strategy(m, c))
             meas = statistics.median(measured[name])

@@ -12,8 +12,10 @@ name) and applies them. (Keras 3 variables break ``hvd.DistributedGradientTape``
 the start-up ``hvd.broadcast`` directly.) The two dpro lines are marked below.
 
 ``--dpro-strategy DIR`` applies a `dpro optimize -o DIR` strategy: Horovod's fusion
-threshold and cycle time (``horovod.env``) and dpro's tensor groups (``horovod.json``),
-each reduced as one ``hvd.grouped_allreduce``.
+threshold and cycle time (``horovod.env``), dpro's tensor groups (``horovod.json``),
+each reduced as one ``hvd.grouped_allreduce``, and XLA (``compile.json``): the loss and
+gradients computed in a ``tf.function(jit_compile=True)``, reduced and applied outside it.
+``--xla`` compiles it so without a strategy (the XLA baseline).
 
 The script measures its own step time, independently of dpro: the wall time of each call
 of the compiled step (``--steps`` calls; the first ``--skip`` are compile/warm-up and are
@@ -36,6 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import dpro  # noqa: E402
+from dpro.optimizer.apply import xla_jit_compile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODEL_NAMES, build  # noqa: E402
@@ -52,6 +55,7 @@ def main() -> None:
     p.add_argument("--timing-out", default=None, help="write this rank's timing JSON to PATH.<rank>.json")
     p.add_argument("--dpro-strategy", default=None,
                    help="a `dpro optimize -o` directory: Horovod's fusion settings and tensor groups (horovod.json)")
+    p.add_argument("--xla", action="store_true", help="compute the loss and gradients under tf.function(jit_compile=True)")
     args = p.parse_args()
     if args.dpro_strategy:
         from dpro.optimizer.apply import horovod_env
@@ -93,12 +97,20 @@ def main() -> None:
 
     recorder = dpro.Recorder(model)  # dpro line 1
 
+    def loss_and_grads(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    xla = bool(args.xla or (args.dpro_strategy and xla_jit_compile(args.dpro_strategy)))
+    if xla:
+        loss_and_grads = tf.function(loss_and_grads, jit_compile=True)  # Horovod's ops stay outside XLA
+
     @tf.function
     def train_step(it):
         x, y = next(it)
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = allreduce(tape.gradient(loss, model.trainable_variables))
+        loss, grads = loss_and_grads(x, y)
+        grads = allreduce(grads)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
@@ -119,6 +131,7 @@ def main() -> None:
         unprof = [t for i, t in enumerate(times) if i >= args.skip and i not in window]
         med = lambda xs: statistics.median(xs) * 1e6 if xs else None  # noqa: E731
         timing = {"rank": hvd.rank(), "size": hvd.size(), "model": args.model, "threads": threads,
+                  "xla": xla,
                   "profiled_steps": list(window), "median_step_us_profiled": med(prof),
                   "median_step_us_unprofiled": med(unprof), "unprofiled_steps": len(unprof),
                   "step_us": [t * 1e6 for t in times], "last_loss": loss}
