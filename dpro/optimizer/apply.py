@@ -132,15 +132,20 @@ def split_batch(batch: Sequence[Any], k: int) -> list[tuple[Any, ...]]:
     return list(zip(*(t.split(n // k) for t in batch)))
 
 
+def _flag(path: str | Path, name: str, key: str) -> bool:
+    """A true/false setting of strategy file ``name`` (False where the directory has none)."""
+    p = Path(path)
+    if p.is_dir() and not (p / name).exists():
+        return False
+    v = _load(path, name).get(key, False)
+    if not isinstance(v, bool):
+        raise DproInputError(Path(path), f"{name}: '{key}' must be true or false")
+    return v
+
+
 def autocast_enabled(path: str | Path) -> bool:
     """Whether the strategy runs forward and loss under ``torch.autocast`` (``amp.json``)."""
-    p = Path(path)
-    if p.is_dir() and not (p / "amp.json").exists():
-        return False
-    v = _load(path, "amp.json").get("autocast", False)
-    if not isinstance(v, bool):
-        raise DproInputError(Path(path), "amp.json: 'autocast' must be true or false")
-    return v
+    return _flag(path, "amp.json", "autocast")
 
 
 def xla_jit_compile(path: str | Path) -> bool:
@@ -148,13 +153,7 @@ def xla_jit_compile(path: str | Path) -> bool:
     (``compile.json``: ``"xla_jit_compile": true``): compute the loss and the gradients in
     a ``tf.function(jit_compile=True)`` and reduce and apply them outside it (Horovod's
     ops are not compiled by XLA)."""
-    p = Path(path)
-    if p.is_dir() and not (p / "compile.json").exists():
-        return False
-    v = _load(path, "compile.json").get("xla_jit_compile", False)
-    if not isinstance(v, bool):
-        raise DproInputError(Path(path), "compile.json: 'xla_jit_compile' must be true or false")
-    return v
+    return _flag(path, "compile.json", "xla_jit_compile")
 
 
 def compile_modules(model: Any, path: str | Path) -> list[str]:
