@@ -101,6 +101,10 @@ def _unit_ready_times(model: JobModel) -> list[float]:
     return [max((end[r] for r in u.ready), default=0.0) for u in model.units]
 
 
+#: the TF baseline (and the only op fusion dpro applies on TF): dpro.optimizer.xla
+XLA_BASELINE = "XLA of forward+backward (measured)"
+
+
 def horovod_default(model: JobModel) -> Strategy:
     """The groups Horovod's defaults form in this job: the job's own where it ran with them
     (a simulation that differed from what Horovod did once made dpro write explicit groups
@@ -141,9 +145,6 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
         out[XLA_BASELINE] = xla
     return out
 
-
-#: the TF baseline (and the only op fusion dpro applies on TF): dpro.optimizer.xla
-XLA_BASELINE = "XLA of forward+backward (measured)"
 
 
 def compiled_model_strategy(model: JobModel) -> Strategy:
@@ -346,7 +347,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     results = _keep_graph_unless_xla_gains(model, results)
     best = results[0]
     notes = list(model.notes)
-    if model.framework == "tensorflow" and model.ps is None and XLA_BASELINE not in bl:
+    if model.framework == "tensorflow" and model.ps is None and not model.compile:
         notes.append("op fusion on TensorFlow is XLA of the whole gradient computation: profile with "
                      "`dpro profile --measure-compile` to have it measured and weighed (docs/optimizer.md)")
     peak_before = peak_after = None
