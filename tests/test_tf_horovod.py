@@ -176,7 +176,7 @@ def test_xla_measured_and_weighed(profiled):
 def test_xla_strategy_is_applied(tmp_path):
     """compile.json's ``xla_jit_compile``: the example computes loss and gradients under
     tf.function(jit_compile=True), Horovod outside it; the job trains (the loss falls) and
-    XLA really compiled a cluster (TF's XLA compile counter)."""
+    XLA really compiled a cluster (TF's log line)."""
     py, hvdrun = TF_VENV / "bin" / "python", TF_VENV / "bin" / "horovodrun"
     if not (py.is_file() and hvdrun.is_file()):
         pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
@@ -192,7 +192,7 @@ def test_xla_strategy_is_applied(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     for rank in (0, 1):
         t = json.loads((tmp_path / f"t.{rank}.json").read_text())
-        assert t["xla"] is True and t["last_loss"] < 2.0  # ln(10) = 2.30 at the start
+        assert t["xla"] is True and t["last_loss"] < t["first_loss"]  # one batch, 12 steps: it fits
     assert "Compiled cluster using XLA" in r.stdout + r.stderr
 
 

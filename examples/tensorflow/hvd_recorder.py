@@ -124,8 +124,8 @@ def main() -> None:
         return float(loss)
 
     try:
-        for _ in range(args.steps):
-            loss = step()
+        losses = [step() for _ in range(args.steps)]
+        loss = losses[-1]
         window = recorder.window if recorder.config.enabled else range(0)
         prof = [times[i] for i in window if i < len(times)]
         unprof = [t for i, t in enumerate(times) if i >= args.skip and i not in window]
@@ -134,7 +134,7 @@ def main() -> None:
                   "xla": xla,
                   "profiled_steps": list(window), "median_step_us_profiled": med(prof),
                   "median_step_us_unprofiled": med(unprof), "unprofiled_steps": len(unprof),
-                  "step_us": [t * 1e6 for t in times], "last_loss": loss}
+                  "step_us": [t * 1e6 for t in times], "first_loss": losses[0], "last_loss": loss}
         print("dpro-timing " + json.dumps({k: v for k, v in timing.items() if k != "step_us"}), flush=True)
         if args.timing_out:
             Path(f"{args.timing_out}.{hvd.rank()}.json").write_text(json.dumps(timing))
