@@ -101,6 +101,7 @@ def _unit_ready_times(model: JobModel) -> list[float]:
     return [max((end[r] for r in u.ready), default=0.0) for u in model.units]
 
 
+HOROVOD_BASELINE = "Horovod default (64 MiB, 1 ms cycle)"
 #: the TF baseline (and the only op fusion dpro applies on TF): dpro.optimizer.xla
 XLA_BASELINE = "XLA of forward+backward (measured)"
 
@@ -137,7 +138,7 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
     if model.framework == "pytorch" and model.library in ("gloo", "nccl") and all(u.params for u in model.units):
         out["DDP default (25 MiB buckets)"] = ddp_strategy(model, None)
     if model.library == "horovod" or model.scheme == "allreduce":
-        out["Horovod default (64 MiB, 1 ms cycle)"] = horovod_default(model)
+        out[HOROVOD_BASELINE] = horovod_default(model)
     if model.framework == "pytorch" and model.compile and "" in model.compile:
         out["torch.compile of the whole model (measured)"] = compiled_model_strategy(model)
     xla = xla_strategy(model)
@@ -358,7 +359,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
             notes.append("the throughput changes raise the predicted peak above the budget: use the memory step's "
                          "strategy without them")
     if model.library == "horovod":  # measured against what realize() keeps: Horovod's default
-        default = xla_strategy(model) if xla_fusion(model, best.strategy) else horovod_default(model)
+        default = bl[XLA_BASELINE if xla_fusion(model, best.strategy) else HOROVOD_BASELINE]
         notes += latency_note(model.link, default, best.strategy, horovod=True)
     else:
         notes += latency_note(model.link, start, best.strategy)
