@@ -63,11 +63,14 @@ def _backward_layers(segs: list[Seg]) -> None:
 
 
 def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float, float]]) -> list[tuple[Seg, Seg]]:
-    """Pair the k-th collective issue of a step with the k-th gloo execution of that step.
+    """Pair each collective issue of a step with a gloo execution of that step.
 
     An execution belongs to the step whose window (extended to the next step's start) holds
     its start; pairing never crosses a step boundary, so one missing execution costs one
-    step (dropped later for its different structure), not every later step.
+    step (dropped later for its different structure), not every later step.  Within a step,
+    an issue takes the first unpaired execution of its tensor's element count (the first
+    unpaired one where either count is unknown): ProcessGroupGloo runs collectives on two
+    threads, and on a loaded machine their recorded starts can swap order.
     """
     order = sorted(steps)
     starts = [steps[s][0] for s in order]
@@ -81,7 +84,12 @@ def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float,
         issued[s.step].append(s)
     pairs = []
     for st, iss in issued.items():
-        for issue, c in zip(iss, by_step.get(st, [])):
+        free = list(by_step.get(st, []))
+        for issue in iss:
+            c = next((c for c in free if not (issue.numel and c.numel) or c.numel == issue.numel), None)
+            if c is None:
+                continue
+            free.remove(c)
             c.step = st
             pairs.append((issue, c))
     return pairs
@@ -128,6 +136,9 @@ def _step_edges(
     segs: list[Seg], pairs: list[tuple[Seg, Seg]]
 ) -> tuple[dict[str, list[Seg]], list[deps.Edge], list[deps.Edge]]:
     by_dev = deps.group_by_device(segs)
+    if "comm" in by_dev:  # gloo's collectives in issue order (two threads: recorded starts can swap)
+        issued = {id(c): i for i, (_, c) in enumerate(pairs)}
+        by_dev["comm"].sort(key=lambda c: (issued.get(id(c), len(issued)), c.ts))
     gpu = [s for s in segs if s.dev.startswith("gpu")]
     edges = deps.chain_edges(by_dev) + deps.launch_edges(segs, gpu)
     launch_end = {id(k): src.end for src, k in deps.launch_edges(segs, gpu)}
@@ -150,20 +161,38 @@ def _reconcile_consumers(built: dict, kept: list[int]) -> None:
 
     A gap that merely coincides with a collective's end in one step must not become a
     dependency; ties go to the later op (the less constraining one).  Adds the edges and
-    clips each collective's end to its consumer's start.
+    clips each collective's end to its consumer's start (a record on gloo's thread can
+    close late), except in a step where that op was found waiting for another collective
+    and this one's own waiter came later: DDP's last two buckets can run at once on gloo's
+    two threads, and which one ends first varies, so the common consumer of the one that
+    usually ends first then started long before it ended (clipped there, one rank's bucket
+    "ended" 17 ms before another rank had started it, a contradiction clock alignment had
+    to relax).  Such a step keeps the end at its own waiter's start.
     """
     votes: dict[tuple[str, int], Counter] = defaultdict(Counter)
+    # per step: collective -> (the op found waiting for it, its recorded end)
+    own: dict[int, dict[tuple[str, int], tuple[Seg, float]]] = defaultdict(dict)
     for st in kept:
         by_dev, _, consumers = built[st]
         index = {id(s): (d, k) for d, ss in by_dev.items() for k, s in enumerate(ss)}
         for c, o in consumers:
             votes[index[id(c)]][index[id(o)]] += 1
+            own[st][index[id(c)]] = (o, c.end)
     pos = {key: max(v.items(), key=lambda kv: (kv[1], kv[0][1]))[0] for key, v in votes.items()}
+
+    def waited_for_another(st: int, key: tuple[str, int], o: Seg, blocked_from: float) -> bool:
+        """o is, in step st, the waiter of another collective that ended while the thread
+        was blocked before o (or later): that collective explains the wait."""
+        return any(w is o and end >= blocked_from for k, (w, end) in own[st].items() if k != key)
+
     for st in kept:
         by_dev, edges, _ = built[st]
-        for (cdev, ck), (odev, ok) in pos.items():
-            c, o = by_dev[cdev][ck], by_dev[odev][ok]
-            c.end = max(c.ts, min(c.end, o.ts))
+        for key, (odev, ok) in pos.items():
+            c, o = by_dev[key[0]][key[1]], by_dev[odev][ok]
+            mine = own[st].get(key, (o, c.end))[0]
+            blocked_from = by_dev[odev][ok - 1].end if ok > 0 else o.ts
+            until = mine.ts if mine.ts > o.ts and waited_for_another(st, key, o, blocked_from) else o.ts
+            c.end = max(c.ts, min(c.end, until))
             edges.append((c, o))
 
 

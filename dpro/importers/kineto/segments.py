@@ -59,6 +59,9 @@ class Seg:
     coll: str | None = None
     nbytes: int = 0
     group: tuple[int, ...] | None = None
+    #: elements of the collective's tensor (issue and gloo execution segments; 0 unknown):
+    #: what pairs an issue with its execution (docs/replayer.md)
+    numel: int = 0
     #: model layer (innermost ``dpro.layer::`` annotation), DDP bucket of the issued
     #: collective (``dpro.bucket::``), autograd sequence numbers of the op and its children
     layer: str | None = None
@@ -108,12 +111,18 @@ def _coll_name(name: str) -> str:
     return base.replace("_", "").lower() or "collective"
 
 
+def _comm_numel(args: dict) -> int:
+    if "In msg nelems" in args:
+        return int(args["In msg nelems"])
+    return _numel(args.get("Input Dims"))
+
+
 def _comm_bytes(args: dict) -> int:
     if "In msg nelems" in args:
-        return int(args["In msg nelems"]) * dtype_bytes(args.get("dtype", "float"))
-    dims = args.get("Input Dims")
-    types = args.get("Input type") or ["float"]
-    return _numel(dims) * dtype_bytes(types[0] if types else "float")
+        dtype = args.get("dtype", "float")
+    else:
+        dtype = (args.get("Input type") or ["float"])[0]
+    return _comm_numel(args) * dtype_bytes(dtype)
 
 
 def _group(args: dict) -> tuple[int, ...] | None:
@@ -202,7 +211,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
                     points.append((c.end, "launch", int(c.args["correlation"])))
             elif is_issue(c.name) and not inside_issue:
                 walk(c, True)
-                points.append((c.end, "issue", bucket.pop() if bucket else None))
+                points.append((c.end, "issue", (bucket.pop() if bucket else None, _comm_numel(c.args))))
                 continue
             walk(c, inside_issue)
 
@@ -211,7 +220,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     else:
         walk(op, False)
         if is_issue(op.name):
-            points.append((op.end, "issue", None))
+            points.append((op.end, "issue", (None, _comm_numel(op.args))))
     segs: list[Seg] = []
     cur = Seg(dev, op.name, op.ts, op.ts, cat)
     for t, kind, payload in sorted(points, key=lambda p: p[0]):
@@ -226,7 +235,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
             cur.launches.append(int(payload))  # type: ignore[arg-type]
         elif kind == "issue":
             cur.issue = True
-            cur.bucket = payload  # type: ignore[assignment]
+            cur.bucket, cur.numel = payload  # type: ignore[misc]
         if kind == "sync_end" or kind == "issue" or (kind == "launch" and t > cur.ts):
             cur.end = t
             segs.append(cur)
@@ -263,7 +272,8 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
             if x.cat == "user_annotation" or _STEP_RE.match(x.name):
                 if x.name.startswith("gloo:"):
                     comm.append(
-                        Seg("comm", x.name, x.ts, x.end, "COMM", coll=_coll_name(x.name), nbytes=_comm_bytes(x.args))
+                        Seg("comm", x.name, x.ts, x.end, "COMM", coll=_coll_name(x.name), nbytes=_comm_bytes(x.args),
+                            numel=_comm_numel(x.args))
                     )
                     return
                 for c in x.children:
