@@ -293,20 +293,34 @@ def _ps_units(gt: GTrace, rep: NodeTrace, st: dict, ops: dict[str, CompOp], pred
     return units, [[i] for i in range(len(units))], [max(1, len(s)) for s in seen], lay, notes
 
 
-def _horovod_groups(nt: NodeTrace, steps: list[int]) -> list[tuple[list[int], int, float, float]]:
-    """The fused groups of ``meta.horovod`` in ``steps``: (atom indices, bytes, span µs,
-    excess µs) each; malformed entries (a hand-edited trace) are skipped."""
+@dataclass(frozen=True)
+class FusedGroup:
+    """One fused Horovod collective of a profiled step (``meta.horovod.groups``)."""
+
+    step: int
+    atoms: list[int]
+    tensors: list[str]
+    bytes: int
+    span_us: float
+    excess_us: float
+
+
+def _horovod_groups(nt: NodeTrace, steps: list[int]) -> list[FusedGroup]:
+    """The fused groups of ``meta.horovod`` in ``steps``, in step order; a missing field
+    reads as empty or 0, a malformed step (a hand-edited trace) is skipped from there on."""
     out = []
     for s, gs in ((nt.meta.get("horovod") or {}).get("groups") or {}).items():
         try:
             if int(s) not in steps:
                 continue
             for g in gs:
-                out.append(([int(a) for a in g["atoms"]], int(g["bytes"]),
-                             float(g["end_us"]) - float(g["start_us"]), float(g.get("excess_us") or 0.0)))
+                out.append(FusedGroup(int(s), [int(a) for a in g.get("atoms") or []],
+                                      [str(t) for t in g.get("tensors") or []], int(g.get("bytes") or 0),
+                                      float(g.get("end_us") or 0.0) - float(g.get("start_us") or 0.0),
+                                      float(g.get("excess_us") or 0.0)))
         except (TypeError, ValueError, KeyError, AttributeError):
             continue
-    return out
+    return sorted(out, key=lambda g: g.step)
 
 
 def horovod_link(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) -> LinkCost:
@@ -323,7 +337,7 @@ def horovod_link(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) ->
     1.75 ms per ring step on a 1000 Mbit/s mlp job, where no fusion then ran 2 % faster
     than fused)."""
     k, n = ring_steps(max(2, world)), max(2, world)
-    rows = [(len(atoms), b, t) for atoms, b, t, _ in _horovod_groups(nt, steps) if b > 0 and t > 0]
+    rows = [(len(g.atoms), g.bytes, g.span_us) for g in _horovod_groups(nt, steps) if g.bytes > 0 and g.span_us > 0]
     if not rows:
         return link
     x = np.array([k * b / n for _, b, _ in rows])
@@ -342,16 +356,14 @@ def _horovod_step_grouping(nt: NodeTrace, units: list[Unit], steps: list[int]) -
     number of groups stands for the job (the lower median; among steps with as many groups,
     the earliest); None when a step's groups do not cover the units exactly."""
     index = {u.name: i for i, u in enumerate(units)}
+    by_step: dict[int, list[FusedGroup]] = defaultdict(list)
+    for g in _horovod_groups(nt, steps):
+        by_step[g.step].append(g)
     per_step = []
-    hv = (nt.meta.get("horovod") or {}).get("groups") or {}
-    for s in steps:
-        gs = hv.get(str(s))
-        if not isinstance(gs, list):
-            continue
-        try:
-            grouping = [[index[str(n)] for n in g["tensors"]] for g in gs]
-        except (KeyError, TypeError):
+    for gs in by_step.values():
+        if any(t not in index for g in gs for t in g.tensors):
             return None
+        grouping = [[index[t] for t in g.tensors] for g in gs]
         if sorted(i for g in grouping for i in g) != list(range(len(units))):
             return None
         per_step.append(grouping)
@@ -377,10 +389,10 @@ def _horovod_excess(nt: NodeTrace, steps: list[int]) -> dict[str, float]:
     atoms = (nt.meta.get("horovod") or {}).get("atoms") or []
     op_of = {i: a.get("op") for i, a in enumerate(atoms) if isinstance(a, dict)}
     per: dict[str, list[float]] = defaultdict(list)
-    for members, _, _, excess in _horovod_groups(nt, steps):
-        for a in members:
+    for g in _horovod_groups(nt, steps):
+        for a in g.atoms:
             if op_of.get(a):
-                per[str(op_of[a])].append(excess)
+                per[str(op_of[a])].append(g.excess_us)
     return {o: float(np.median(v)) for o, v in per.items()}
 
 

@@ -171,9 +171,11 @@ def ddp_strategy(model: JobModel, bucket_cap_mb: float | None) -> Strategy:
 MIN_GAIN = 0.01
 
 
-def realize(model: JobModel, best: Strategy) -> list[Realized]:
+def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = None) -> list[Realized]:
     """Express ``best`` in the settings of the libraries that can run it; where it is not
-    predicted ``MIN_GAIN`` faster than the library's default, keep the default."""
+    predicted ``MIN_GAIN`` faster than the library's default, keep the default.
+    ``bl``: :func:`baselines` of ``model``, where the caller has them already."""
+    bl = baselines(model) if bl is None else bl
     out: list[Realized] = []
     sizes = [u.bytes for u in model.units]
     # Library settings change the synchronisation only: op fusion is applied (and predicted) apart;
@@ -206,7 +208,8 @@ def realize(model: JobModel, best: Strategy) -> list[Realized]:
         if best_r is not None:
             out.append(best_r)
     if model.library == "horovod" or (model.framework == "pytorch" and all(u.params for u in model.units)):
-        default = (xla_strategy(model) if xf else horovod_default(model)).with_memory(best.recompute, best.accum)
+        default = bl.get(XLA_BASELINE if xf else HOROVOD_BASELINE) or (xla_strategy(model) if xf else horovod_default(model))
+        default = default.with_memory(best.recompute, best.accum)
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if t_best > t_default * (1 - MIN_GAIN) or more_horovod_collectives(model, default, best) > 0:
             out.append(Realized("horovod", {
@@ -370,7 +373,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
         notes.append(f"the optimizer's one-worker model differs from the full replay by {gap:+.1f}% on the job as profiled")
     return OptimizeResult(
         model=model, replay_us=r.predicted_iteration_us, measured_us=r.measured_iteration_us, baselines=base,
-        results=results, realized=realize(model, best.strategy),
+        results=results, realized=realize(model, best.strategy, bl),
         critical_before=_critical(model, start), critical_after=_critical(model, best.strategy),
         time_s=time.perf_counter() - t0, notes=notes, memory=fit, peak_before_bytes=peak_before,
         peak_after_bytes=peak_after,

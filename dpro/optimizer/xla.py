@@ -87,7 +87,7 @@ def xla_strategy(model: JobModel) -> Strategy | None:
 
 def xla_fusion(model: JobModel, st: Strategy) -> FusedOp | None:
     """The XLA fusion of ``st`` (a TF job's strategy), if it has one."""
-    if model.framework != "tensorflow":
+    if model.framework != "tensorflow" or not st.fusions:
         return None
     ops = set(region(model))
     return next((f for f in st.fusions if set(f.ops) == ops), None)
