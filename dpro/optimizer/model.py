@@ -115,6 +115,11 @@ class JobModel:
     def op_index(self) -> dict[str, int]:
         return {o: i for i, o in enumerate(self.ops)}
 
+    def ring_us(self, nbytes: int) -> float:
+        """One ring all-reduce of ``nbytes`` alone on the fitted link (µs)."""
+        n = max(2, self.world_size)
+        return ring_steps(n) * self.link.step_us(nbytes / n)
+
     def topo_order(self) -> list[str]:
         """Computation ops in a topological order of ``edges``."""
         indeg = {o: 0 for o in self.ops}

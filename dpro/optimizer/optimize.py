@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dpro.graph.comm_model import LinkCost, ring_steps
+from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
@@ -114,14 +114,8 @@ def horovod_default(model: JobModel) -> Strategy:
     tensors ready meanwhile waiting for the next cycle."""
     if model.horovod_defaults_profiled:
         return Strategy.as_profiled(model)
-    n = max(2, model.world_size)
-    steps = ring_steps(n)
-
-    def busy(nbytes: int) -> float:
-        return steps * model.link.step_us(nbytes / n)
-
     return Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), [u.bytes for u in model.units],
-                                                   busy_us=busy))
+                                                   busy_us=model.ring_us))
 
 
 def baselines(model: JobModel) -> dict[str, Strategy]:
@@ -175,7 +169,7 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
     """Express ``best`` in the settings of the libraries that can run it; where it is not
     predicted ``MIN_GAIN`` faster than the library's default, keep the default.
     ``bl``: :func:`baselines` of ``model``, where the caller has them already."""
-    bl = baselines(model) if bl is None else bl
+    bl = bl or {}
     out: list[Realized] = []
     sizes = [u.bytes for u in model.units]
     # Library settings change the synchronisation only: op fusion is applied (and predicted) apart;

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dpro.graph.comm_model import ring_steps
 from dpro.optimizer import libraries as lib
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.strategy import FusedOp, Strategy
@@ -78,16 +77,10 @@ def xla_strategy(model: JobModel) -> Strategy | None:
     """The job with its gradient computation compiled by XLA and Horovod's default fusion
     (every gradient ready at once: Horovod fuses them up to its threshold, a buffer's ring
     cost apart), or None when not measured or not a TF job."""
-    ratio = xla_ratio(model)
-    ops = region(model)
-    if ratio is None or not ops:
+    ops = region(model) if xla_ratio(model) is not None else ()
+    if not ops:
         return None
-    n = max(2, model.world_size)
-
-    def busy(nbytes: int) -> float:
-        return ring_steps(n) * model.link.step_us(nbytes / n)
-
-    groups = lib.horovod_groups([0.0] * len(model.units), [u.bytes for u in model.units], busy_us=busy)
+    groups = lib.horovod_groups([0.0] * len(model.units), [u.bytes for u in model.units], busy_us=model.ring_us)
     return Strategy.from_groups(groups).with_fusion(ops, fused_us(model, ops))
 
 

@@ -60,7 +60,7 @@ class Seg:
     nbytes: int = 0
     group: tuple[int, ...] | None = None
     #: elements of the collective's tensor (issue and gloo execution segments; 0 unknown):
-    #: what pairs an issue with its execution (docs/replayer.md)
+    #: what pairs an issue with its execution (docs/kineto.md)
     numel: int = 0
     #: model layer (innermost ``dpro.layer::`` annotation), DDP bucket of the issued
     #: collective (``dpro.bucket::``), autograd sequence numbers of the op and its children
