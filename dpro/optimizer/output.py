@@ -73,9 +73,10 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
             keep = " (keep MXNet's default)" if r.settings.get("keep_default") else ""
             lines.append(f"  MXNet kvstore: MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}{keep} "
                          f"on every worker  -> {_ms(r.iteration_us)} predicted (mxnet.env)")
-    if st.fusions and _xla(res):
+    xla = _xla(res) if st.fusions else None
+    if xla:
         lines.append("  op fusion: XLA, the gradient computation under tf.function(jit_compile=True) "
-                     f"(compile.json; priced by XLA: {_xla(res):.3f}x the graph's time)")
+                     f"(compile.json; priced by the recorder's XLA time, {xla:.3f}x its graph's)")
     elif st.fusions:
         modules, measured = _compile_plan(res)
         names = ", ".join(repr(x) if x else "the whole model" for x in modules)
@@ -144,10 +145,11 @@ def strategy_files(res: OptimizeResult) -> dict[str, object]:
     if _amp(res):
         files["amp.json"] = {"autocast": True, "dtype": "bfloat16", "ops": len(st.scales),
                              "predicted_iteration_us": res.best.iteration_us}
-    if st.fusions and _xla(res):
+    xla = _xla(res) if st.fusions else None
+    if xla:
         files["compile.json"] = {
             "framework": "tensorflow", "xla_jit_compile": True, "ops": len(st.fusions[0].ops),
-            "priced_by": "measured (XLA)", "xla_over_graph": _xla(res),
+            "priced_by": "measured (XLA)", "xla_over_graph": xla,
             "predicted_iteration_us": res.best.iteration_us,
         }
     elif st.fusions:
