@@ -20,9 +20,9 @@ def test_writer_is_the_thread_that_wrote_the_file():
     assert writer_candidates(before, after, 0) == set()
 
 
-def test_writer_must_match_in_every_probe():
-    """The background thread matched once by chance (a CI run parked it, and the job died):
-    the writer is the one thread that matched in most probes, and an ambiguity finds none."""
+def test_writer_matches_in_most_probes():
+    """The background thread can match one probe by chance (parking it stalls the job past
+    gloo's timeout): the writer is the one thread that matched in most probes, and an ambiguity finds none."""
     assert writer_thread([{1, 2}, {1}, {1, 5}]) == 1
     assert writer_thread([{1}, set(), {1}]) == 1  # the writer itself may miss one
     assert writer_thread([{1, 2}, {1, 2}, {1, 2}]) is None  # not told apart: touch nothing

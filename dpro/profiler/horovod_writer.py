@@ -18,7 +18,7 @@ by the file's size plus a few bytes (0–49 over 50 probes). Another thread can 
 chance: Horovod's background thread writes its per-cycle coordination to gloo's sockets,
 0.7–15 KB per probe, and over 80 thread-probes one landed 7 bytes short of the file's size
 and one 23 bytes short. Parking that thread stalls every collective for 36 s and gloo's
-timeout then ends the job (a CI run failed so). So the probe runs :data:`PROBES` times and
+timeout then ends the job (the likely cause of a job that died in one `make test`). So the probe runs :data:`PROBES` times and
 the writer is the one thread that matched (within :data:`SLACK_BYTES`) in most of them (the
 writer itself missed one probe in 180 under load); none or several: not found, nothing is
 touched. Only with ``HOROVOD_TIMELINE=DYNAMIC`` (a timeline
