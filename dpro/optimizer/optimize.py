@@ -141,7 +141,6 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
     return out
 
 
-
 def compiled_model_strategy(model: JobModel) -> Strategy:
     """The job with the whole model under ``torch.compile``: every forward/backward op's time
     (own + host gap) × the compiled / eager ratio the recorder measured for the model."""
