@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from dpro.errors import DproInputError
 from dpro.graph.global_dfg import build_global_dfg
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.gtrace.validate import validate
-from dpro.importers import nccl_plugin as NP
+from dpro.importers import nccl as NP
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "native" / "nccl_patch"
@@ -302,7 +303,7 @@ class MockJob:
 
 def ring_times(n: int, nch: int, loops: int, t_in: dict[int, int], s: int = 2) -> tuple[dict, dict[int, int]]:
     """Network-step times of a SIMPLE ring AllReduce: send i of rank r forwards recv i-S of r
-    (module doc of dpro.importers.nccl_plugin); one step on a link at a time.
+    (package doc of dpro.importers.nccl); one step on a link at a time.
     Returns (times, kernel end per rank)."""
     L = 2 * (n - 1)
     nsteps = L * s * loops
@@ -589,7 +590,7 @@ def test_replace_by_seq_base_and_refusals(plugin, tmp_path):
     job, _ = run_job(plugin, "ring", steps=steps, marks=False)
     offsets = {r: -T0 / 1000 for r in range(4)}
     gt = gtrace_for(job, steps, 4, offsets, 8 * CHUNK * 6 * 4)
-    with pytest.raises(NP.DproInputError, match="cannot link NCCL collectives"):
+    with pytest.raises(DproInputError, match="cannot link NCCL collectives"):
         NP.replace_collectives(gt, tmp_path / "trace")
     res = NP.replace_collectives(gt, tmp_path / "trace", seq_base=0)
     assert res.replaced == ["allreduce.0"]
@@ -820,10 +821,10 @@ def test_concurrent_threads_claim_distinct_records(plugin, tmp_path):
 def test_reader_rejects_other_files(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text('{"type":"something"}\n')
-    with pytest.raises(NP.DproInputError, match="not a dpro NCCL plugin trace"):
+    with pytest.raises(DproInputError, match="not a dpro NCCL plugin trace"):
         NP.read_plugin_file(p)
     p.write_text('{"type":"header","format":"dpro-nccl-trace","version":1}\n{"type":"coll","comm":0,"id":0}\n')
-    with pytest.raises(NP.DproInputError, match="before its 'comm' line"):
+    with pytest.raises(DproInputError, match="before its 'comm' line"):
         NP.read_plugin_file(p)
     p.write_text('{"type":"header","format":"dpro-nccl-trace","version":1}\n{"type":"comm","comm":0,"t":5}\n{"typ')
     assert "truncated" in NP.read_plugin_file(p).notes[0]

@@ -76,7 +76,7 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
     """Replace coarse NCCL collectives by the per-chunk SEND/RECV the plugin measured."""
-    from dpro.importers.nccl_plugin import kineto_time_offsets, replace_collectives
+    from dpro.importers.nccl import kineto_time_offsets, replace_collectives
 
     with tempfile.TemporaryDirectory(prefix="dpro-nccl-") as tmp:
         for f in rank_files(raw):
