@@ -44,6 +44,7 @@ demo: setup
 	$(BIN)/dpro optimize out/demo_trace -o out/demo_strategy --force --budget 20
 
 test: setup horovod mxnet tf pslite
+	$(BIN)/ruff check -q dpro tests benchmarks examples
 	$(BIN)/python -m pytest -q
 
 bench: setup

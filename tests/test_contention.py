@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from dpro.graph.compiled import compile_graph
+from dpro.gtrace.schema import NodeTrace
 from dpro.optimizer.contention import CpuShare, measured_share, overlap, replay, union_length
 
 
@@ -59,9 +60,9 @@ def test_measured_share_from_the_recorder_facts():
     assert measured_share(meta, 2, 0.0) is None
 
 
-def _worker(rank: int, cpu: dict | None) -> "NodeTrace":
+def _worker(rank: int, cpu: dict | None) -> NodeTrace:
     """a (BW, 10 µs) produces the gradient; its all-reduce c (30 µs) runs beside d (BW, 30 µs)."""
-    from dpro.gtrace.schema import Event, NodeInfo, NodeTrace, Op
+    from dpro.gtrace.schema import Event, NodeInfo, Op
 
     nt = NodeTrace(NodeInfo(f"worker{rank}", "worker", rank, "h"))
     nt.ops = {"a": Op("a", "a", "BW", "cpu:main"), "d": Op("d", "d", "BW", "cpu:main"),
@@ -108,7 +109,7 @@ def test_representative_worker_agrees_best_with_the_full_replay():
     """Worker 1 computes 3x longer before its collective: the one-worker model of each
     worker is compared with the full replay of the job as profiled, and the closest is
     kept (dpro.optimizer.optimize.representative)."""
-    from dpro.gtrace.schema import Event, GTrace, Manifest
+    from dpro.gtrace.schema import GTrace, Manifest
     from dpro.optimizer.evaluate import iteration_us
     from dpro.optimizer.model import job_model
     from dpro.optimizer.optimize import representative

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 from pathlib import Path
 
 from ps_jobs import fidelity_row, run, work_dir

@@ -128,7 +128,6 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
         "no fusion": Strategy.from_groups([[i] for i in range(n)]),
         "fuse everything": Strategy.from_groups([list(range(n))]),
     }
-    sizes = [u.bytes for u in model.units]
     if model.framework == "pytorch" and model.library in ("gloo", "nccl") and all(u.params for u in model.units):
         out["DDP default (25 MiB buckets)"] = ddp_strategy(model, None)
     if model.library == "horovod" or model.scheme == "allreduce":
