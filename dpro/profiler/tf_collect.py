@@ -42,8 +42,9 @@ whose layer path shares the longest run of scope with the graph node feeding it.
 version's naming, a function whose graph was not collected) becomes a generic op on its
 lane, classified by time (FW before the step's first BW op, else OTHER); one note counts
 them. A rank without any graph gets a trace-only DFG (ops chained per lane) with a note.
-"""
 
+Reading a recording is :mod:`dpro.profiler.tf_record`; the Horovod part :mod:`dpro.profiler.tf_horovod`.
+"""
 
 from __future__ import annotations
 

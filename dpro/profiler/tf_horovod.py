@@ -2,7 +2,6 @@
 and consumers in the graph), and the fusion atoms of Horovod's timeline joined to the graph
 (:mod:`dpro.profiler.tf_collect`'s docstring, "Horovod"; the atom model is :mod:`dpro.profiler.horovod`'s)."""
 
-
 from __future__ import annotations
 
 import re

@@ -2,7 +2,6 @@
 the partition graphs TF executed and each op's execution per profiled step; and the op types and
 name scopes the import classifies by. Turned into a gTrace by :mod:`dpro.profiler.tf_collect`."""
 
-
 from __future__ import annotations
 
 import bisect
