@@ -16,7 +16,7 @@ import pytest
 from hvd_util import horovod_skip_reason, horovodrun
 
 from dpro.gtrace.io import load_gtrace
-from dpro.profiler.horovod import TIMELINE_NAME
+from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.replayer.replay import replay
 
 pytest.importorskip("torch")

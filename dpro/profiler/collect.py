@@ -12,7 +12,8 @@ from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
 from dpro.importers.kineto import import_kineto
 from dpro.importers.kineto.read import META_SUFFIX
 from dpro.jsonio import read_json
-from dpro.profiler.horovod import TIMELINE_NAME, apply_horovod_timeline
+from dpro.profiler.horovod import apply_horovod_timeline
+from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.profiler.torch_memory import attach_allocations
 
 log = logging.getLogger(__name__)

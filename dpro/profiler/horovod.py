@@ -53,14 +53,11 @@ atom's group ended in most steps.
 from __future__ import annotations
 
 import bisect
-import os
-import sys
 import logging
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -68,15 +65,11 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, NodeTrace, Op
 from dpro.gtrace.validate import find_cycle
 from dpro.jsonio import read_bytes, read_json
+from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.profiler.horovod_timeline import FusionGroup, HorovodTimeline, load_horovod_timeline
 
 log = logging.getLogger(__name__)
 
-#: the file `dpro profile` asks Horovod (HOROVOD_TIMELINE) to write in the recording dir
-TIMELINE_NAME = "horovod_timeline.json"
-#: Horovod's fusion settings; a rank's meta records those set (``horovod_settings``): none set
-#: means the job ran with Horovod's default fusion, so its own grouping is that default
-SETTINGS_ENV = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
 COMM_DEVICE = "comm"
 OP_NAME = "horovod:allreduce"
 MAIN = "cpu:main"
@@ -276,44 +269,6 @@ def plan_atoms(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, 
     members = sorted(sig.values(), key=lambda ts: pos[ts[0]])
     atoms = [Atom(k, ts, sum(int(params[n]["bytes"]) for n in ts)) for k, ts in enumerate(members)]
     return _Plan(params, steps, group_of, order, atoms, notes)
-
-
-def settings_from_env() -> dict[str, str]:
-    """Horovod's fusion settings this process runs with (the environment variables set)."""
-    return {k: os.environ[k] for k in SETTINGS_ENV if k in os.environ}
-
-
-def start_dynamic_timeline(module: str, out_dir: Path) -> Any | None:
-    """Start Horovod's timeline for the profiling window when `dpro profile` made it dynamic.
-
-    ``HOROVOD_TIMELINE=DYNAMIC`` (what `dpro profile` sets): every rank calls
-    ``start_timeline``, rank 0 writes it. ``module`` is the Horovod binding the job imported
-    (``horovod.torch``, ``horovod.tensorflow``). Returns it, to stop the timeline with, or
-    None. Outside the window Horovod then records nothing (a timeline for the whole run
-    costs ~14 % per step here).
-    """
-    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
-        return None
-    hvd = sys.modules.get(module)
-    if hvd is None:
-        return None
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        hvd.start_timeline(str(out_dir.resolve() / TIMELINE_NAME), mark_cycles=False)
-    except Exception as e:  # noqa: BLE001 - profiling must never break training
-        log.warning("dpro: cannot start Horovod's timeline (%s): collectives will not be modelled", e)
-        return None
-    return hvd
-
-
-def stop_dynamic_timeline(hvd: Any | None) -> None:
-    """Stop what :func:`start_dynamic_timeline` started (None: nothing to stop)."""
-    if hvd is None:
-        return
-    try:
-        hvd.stop_timeline()
-    except Exception as e:  # noqa: BLE001 - profiling must never break training
-        log.warning("dpro: cannot stop Horovod's timeline: %s", e)
 
 
 def keep_steps(gt: GTrace, steps: list[int]) -> None:

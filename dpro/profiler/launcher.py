@@ -17,7 +17,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.io import write_gtrace
 from dpro.profiler.collect import collect, rank_files
 from dpro.profiler.config import ENV_OUT, ENV_STEPS, ENV_WARMUP
-from dpro.profiler.horovod import TIMELINE_NAME
+from dpro.profiler.horovod_runtime import TIMELINE_NAME
 
 #: Horovod writes its timeline (rank 0 only) where this says; harmless for other jobs.
 #: dpro sets it to DYNAMIC: the recorder starts the timeline for the profiling window only.

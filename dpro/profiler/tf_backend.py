@@ -41,7 +41,7 @@ from typing import Any
 
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
-from dpro.profiler.horovod import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
 from dpro.profiler.horovod_writer import idle_timeline_writer
 from dpro.profiler.tf_compile_probe import XlaProbe
 from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled

@@ -59,7 +59,7 @@ from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op,
 from dpro.gtrace.validate import find_cycle
 from dpro.importers.kineto.read import META_SUFFIX
 from dpro.jsonio import read_json
-from dpro.profiler import horovod as hvdlib
+from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.profiler.tf_horovod import apply_horovod
 from dpro.profiler.tf_record import (
     ALLREDUCES,
@@ -310,7 +310,7 @@ def collect_tf(raw: Path, *, progress: bool | None = None) -> GTrace:
         nt.steps = {s: v for s, v in nt.steps.items() if s in set(common)}
     if len(ranks) < world:
         gt.notes.append(f"{len(ranks)} of {world} ranks present: collectives keep their measured durations")
-    timeline = raw / hvdlib.TIMELINE_NAME
+    timeline = raw / TIMELINE_NAME
     if timeline.is_file():
         apply_horovod(gt, ranks, built, timeline)
     elif any(op.name in ALLREDUCES for nt in nodes.values() for op in nt.ops.values()):

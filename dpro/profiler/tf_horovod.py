@@ -13,6 +13,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, Op, Tensor
 from dpro.gtrace.validate import find_cycle
 from dpro.profiler import horovod as hvdlib
+from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.profiler.horovod_timeline import HorovodTimeline, load_horovod_timeline
 from dpro.profiler.tf_record import ALLREDUCES, BW_SCOPES, HOROVOD_GROUPED, STEP_END_ID, RankRecording
 
@@ -269,7 +270,7 @@ def apply_horovod(gt: GTrace, ranks: dict[int, RankRecording], built: dict[int, 
     for nt in nodes:
         r = nt.info.rank
         nt.meta["horovod"] = {
-            "timeline": hvdlib.TIMELINE_NAME, "timeline_rank": 0, "timeline_offset_us": off[r],
+            "timeline": TIMELINE_NAME, "timeline_rank": 0, "timeline_offset_us": off[r],
             "granularity": "fusion atom: gradients never split across fusion groups in the profiled steps",
             "atoms": atoms, "groups": per_step,
             "tensors": [{"gradient": g.name, "horovod_name": g.hvd_name, "enqueue_op": built[r][1].get(g.node),
@@ -279,7 +280,7 @@ def apply_horovod(gt: GTrace, ranks: dict[int, RankRecording], built: dict[int, 
     gt.manifest.library = "horovod"
     gt.manifest.world_size = world
     gt.manifest.meta["horovod"] = {
-        "timeline": f"raw/{hvdlib.TIMELINE_NAME}", "atoms": len(plan.atoms),
+        "timeline": f"raw/{TIMELINE_NAME}", "atoms": len(plan.atoms),
         "uncontended_ring_step": {"alpha_us": alpha, "beta_us_per_byte": beta},
         "groups_per_step": {str(s): len(v) for s, v in per_step.items()},
         "clock": "rank 0's timeline on the Unix-epoch clock of the TF profiler; ranks on other hosts rely on "

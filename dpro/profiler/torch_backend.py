@@ -29,7 +29,7 @@ from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
 from dpro.profiler.torch_compile_probe import CompileProbe, enabled as compile_probe_enabled
 from dpro.profiler.torch_memory import MemoryWatch
-from dpro.profiler.horovod import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
 from dpro.profiler.horovod_writer import idle_timeline_writer
 
 log = logging.getLogger(__name__)
