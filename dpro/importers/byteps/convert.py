@@ -1,234 +1,30 @@
-"""Import BytePS communication traces into gTrace (format notes: docs/byteps.md).
-
-BytePS (``BYTEPS_TRACE_ON=1``) writes one ``<BYTEPS_TRACE_DIR>/<local_rank>/comm.json`` per
-GPU process: per tensor one ``tid: "total"`` event per synchronisation, and per
-partition (``tid`` = the partition's key) one event per stage (``QueueType``) it went
-through.  A ps-lite server built with server profiling writes ``server_profile.json``
-(push/pull requests per key and sender, ``B``/``E`` pairs).  Optional BytePS DEBUG logs
-(``*.log``) give tensor and partition sizes.
-
-Layout read here: ``DIR/<local_rank>/comm.json`` (one machine), or
-``DIR/<machine>/<local_rank>/comm.json`` (one sub-directory per worker machine, worker id
-= the trailing number of its name, else the sorted order); server profiles anywhere as
-``server*.json`` (their keys tell which server wrote them).
-"""
+"""BytePS traces -> a gTrace: one worker node per GPU process, one server node per server
+profile, the stage ops and their pairing (docs/byteps.md, "Mapping into gTrace")."""
 
 from __future__ import annotations
 
 import logging
-import math
-import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-from dpro.jsonio import read_bytes, read_json
+from dpro.importers.byteps.read import (
+    IN_STAGES,
+    K_MAX,
+    STAGES,
+    Interval,
+    RankComm,
+    ServerProfile,
+    discover,
+    read_comm_json,
+    read_server_profile,
+    read_sizes,
+)
 
 log = logging.getLogger(__name__)
-
-#: BytePS ``QueueType`` names in their enum order, which is also the order a partition
-#: goes through them (byteps/common/common.h, GetPushQueueList/GetPullQueueList).
-STAGES = (
-    "COORDINATE_REDUCE", "REDUCE", "COPYD2H", "PCIE_REDUCE", "COORDINATE_PUSH", "COMPRESS",
-    "PUSH", "PULL", "DECOMPRESS", "COPYH2D", "COORDINATE_BROADCAST", "BROADCAST",
-)
-#: local stages before PUSH move the gradient into the PS topology (IN), those after PULL out of it (OUT)
-_IN_STAGES = frozenset(STAGES[: STAGES.index("PUSH")]) - {"REDUCE"}
-_OUT_STAGES = frozenset(STAGES[STAGES.index("PULL") + 1 :]) - {"BROADCAST"}
-#: ps-lite's key space (uint64 max); server i owns [i*(K//n), (i+1)*(K//n)) of n servers
-_K_MAX = 2**64 - 1
-_SIZE_RE = re.compile(r"(\S+) partitioned to (\d+) part\(s\), total_len=(\d+), key_range=\[(\d+), (\d+)\]")
-_BOUND_RE = re.compile(r"Partition size round up to (\d+) \(bytes\)")
-_TRAILING_INT = re.compile(r"(\d+)$")
-
-Interval = tuple[float, float]  # (ts, dur) µs
-
-
-@dataclass
-class RankComm:
-    """One comm.json: per tensor its sync intervals, per (tensor, key, stage) its stage intervals."""
-
-    path: Path
-    totals: dict[str, list[Interval]] = field(default_factory=dict)
-    stages: dict[tuple[str, int, str], list[Interval]] = field(default_factory=dict)
-
-    def keys(self) -> dict[int, str]:
-        return {k: t for t, k, _ in self.stages}
-
-    def is_root(self) -> bool:
-        return any(s == "PUSH" for _, _, s in self.stages)
-
-
-@dataclass
-class ServerProfile:
-    """One server_profile.json: (key, sender, "push"|"pull") -> [(B, E)] in order."""
-
-    path: Path
-    reqs: dict[tuple[int, int, str], list[tuple[float, float]]] = field(default_factory=dict)
-    truncated: bool = False
-
-
-def _num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def read_comm_json(path: Path) -> RankComm:
-    """Parse and check one BytePS ``comm.json`` (docs/timeline.md, BytePSGlobal::EmitTrace)."""
-    d = read_json(path)
-    evs = d.get("traceEvents") if isinstance(d, dict) else None
-    if not isinstance(evs, list):
-        raise DproInputError(path, "not a BytePS comm.json: no 'traceEvents' list")
-    rc = RankComm(path)
-    for i, e in enumerate(evs):
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        pid, name, tid, ts, dur = (e.get(k) for k in ("pid", "name", "tid", "ts", "dur"))
-        where = f"traceEvents[{i}]"
-        if not (isinstance(pid, str) and pid.startswith("Comm.") and isinstance(name, str)):
-            raise DproInputError(path, f"{where}: expected pid and name 'Comm.<tensor>...' (got pid {pid!r})")
-        if not _num(ts) or not _num(dur):
-            raise DproInputError(path, f"{where} ({name}): 'ts'/'dur' missing or not numbers")
-        if dur < 0:
-            raise DproInputError(path, f"{where} ({name}): negative duration {dur}")
-        tensor = pid[len("Comm."):]
-        if tid == "total":
-            if name != pid:
-                raise DproInputError(path, f"{where}: a 'total' event named '{name}', expected '{pid}'")
-            rc.totals.setdefault(tensor, []).append((float(ts), float(dur)))
-            continue
-        if not (isinstance(tid, (str, int)) and not isinstance(tid, bool) and str(tid).isdigit()):
-            raise DproInputError(path, f"{where} ({name}): tid {tid!r} is neither 'total' nor a partition key")
-        stage = name[len(pid) + 1:] if name.startswith(pid + ".") else ""
-        if stage not in STAGES:
-            raise DproInputError(path, f"{where}: '{name}' does not end in a BytePS stage ({', '.join(STAGES)})")
-        rc.stages.setdefault((tensor, int(tid), stage), []).append((float(ts), float(dur)))
-    if not rc.stages:
-        raise DproInputError(path, "no partition stage events (tid = partition key) in this comm.json")
-    owner: dict[int, str] = {}
-    for t, k, _ in rc.stages:
-        if owner.setdefault(k, t) != t:
-            raise DproInputError(path, f"partition key {k} appears under two tensors, '{owner[k]}' and '{t}'")
-    for v in rc.stages.values():
-        v.sort()
-    for v in rc.totals.values():
-        v.sort()
-    return rc
-
-
-def read_server_profile(path: Path) -> ServerProfile:
-    """Parse one ps-lite ``server_profile.json``.
-
-    The server writes it incrementally and never closes the JSON array while running, so
-    a file without its closing ``]}`` (or with a cut last line) is read line by line.
-    """
-    raw = read_bytes(path)
-    sp = ServerProfile(path)
-    try:
-        d = orjson.loads(raw)
-        evs = d.get("traceEvents") if isinstance(d, dict) else None
-        if not isinstance(evs, list):
-            raise DproInputError(path, "not a server profile: no 'traceEvents' list")
-    except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", "replace")
-        if '"traceEvents"' not in text[:200]:
-            raise DproInputError(path, "invalid JSON and not an unterminated server profile") from None
-        evs, lines = [], [ln.strip().rstrip(",") for ln in text.splitlines()]
-        body = [ln for ln in lines if ln.startswith("{\"")]
-        for j, ln in enumerate(body):
-            try:
-                evs.append(orjson.loads(ln))
-            except orjson.JSONDecodeError:
-                if j != len(body) - 1:
-                    raise DproInputError(path, f"unreadable event line: {ln[:80]!r}") from None
-                sp.truncated = True  # the line being written when the server stopped
-    open_b: dict[tuple[int, int, str], list[float]] = defaultdict(list)
-    for i, e in enumerate(evs):
-        where = f"traceEvents[{i}]"
-        if not isinstance(e, dict):
-            raise DproInputError(path, f"{where}: not an object")
-        name, ph, key, ts = e.get("name"), e.get("ph"), e.get("pid"), e.get("ts")
-        m = re.fullmatch(r"(push|pull)-(\d+)", name) if isinstance(name, str) else None
-        if m is None or ph not in ("B", "E"):
-            raise DproInputError(path, f"{where}: expected name 'push-<sender>'/'pull-<sender>' and ph B/E, got {name!r} {ph!r}")
-        if not isinstance(key, int) or isinstance(key, bool) or key < 0 or not _num(ts):
-            raise DproInputError(path, f"{where} ({name}): 'pid' (the key) must be a non-negative integer and 'ts' a number")
-        k = (key, int(m.group(2)), m.group(1))
-        if ph == "B":
-            open_b[k].append(float(ts))
-            continue
-        if not open_b[k]:
-            raise DproInputError(path, f"{where}: '{name}' ends (E) for key {key} without a begin (B)")
-        b = open_b[k].pop(0)
-        if ts < b:
-            raise DproInputError(path, f"{where} ({name}, key {key}): ends before it begins")
-        sp.reqs.setdefault(k, []).append((b, float(ts)))
-    sp.truncated |= any(open_b.values())
-    return sp
-
-
-def _read_sizes(root: Path, notes: list[str]) -> dict[str, tuple[list[int], int]]:
-    """Tensor name -> (partition sizes in bytes, first key), from BytePS DEBUG logs
-    (``*.log``) under root: ``<name> partitioned to <n> part(s), total_len=<bytes>,
-    key_range=[<first>, <last>]`` and ``Partition size round up to <bytes> (bytes)``."""
-    tensors: dict[str, tuple[int, int, int]] = {}
-    bound = None
-    for f in sorted(root.rglob("*.log")):
-        text = read_bytes(f).decode("utf-8", "replace")
-        for m in _SIZE_RE.finditer(text):
-            tensors[m.group(1)] = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
-        for m in _BOUND_RE.finditer(text):
-            bound = int(m.group(1))
-    if not tensors:
-        return {}
-    multi = [(n, tot) for n, tot, _ in tensors.values() if n > 1]
-    if bound is None and multi:
-        bound = max(-(-tot // n) for n, tot in multi)
-        notes.append(f"partition size not in the logs; inferred {bound} bytes from the tensor sizes")
-    out: dict[str, tuple[list[int], int]] = {}
-    for name, (n, tot, first) in tensors.items():
-        b = bound if (n > 1 and bound is not None) else tot
-        parts = [b] * (n - 1) + [tot - b * (n - 1)]
-        if parts[-1] <= 0 or parts[-1] > b:
-            raise DproInputError(root, f"log: tensor '{name}' of {tot} bytes cannot have {n} partitions of {b} bytes")
-        out[name] = (parts, first)
-    return out
-
-
-def _index_by_name(paths: list[Path]) -> dict[Path, int]:
-    """Trailing number of each name when they are distinct, else the sorted order."""
-    nums = [_TRAILING_INT.search(p.name) for p in paths]
-    if all(nums) and len({int(m.group(1)) for m in nums}) == len(paths):  # type: ignore[union-attr]
-        return {p: int(m.group(1)) for p, m in zip(paths, nums)}  # type: ignore[union-attr]
-    return {p: i for i, p in enumerate(sorted(paths))}
-
-
-def discover(root: Path) -> tuple[dict[str, tuple[int, dict[int, Path]]], list[Path]]:
-    """Worker machines (name -> (worker id, local rank -> comm.json)) and server profiles."""
-    if not root.exists():
-        raise DproInputError(root, "no such file or directory")
-    if not root.is_dir():
-        raise DproInputError(root, "expected a BytePS trace directory (BYTEPS_TRACE_DIR)")
-
-    def ranks(d: Path) -> dict[int, Path]:
-        return {int(p.parent.name): p for p in d.glob("*/comm.json") if p.parent.name.isdigit()}
-
-    machines: dict[str, tuple[int, dict[int, Path]]] = {}
-    if ranks(root):
-        machines[root.resolve().name or "machine0"] = (0, ranks(root))
-    else:
-        dirs = sorted(d for d in root.iterdir() if d.is_dir() and ranks(d))
-        idx = _index_by_name(dirs)
-        machines = {d.name: (idx[d], ranks(d)) for d in dirs}
-    if not machines:
-        raise DproInputError(root, "no BytePS comm.json found (expected <local_rank>/comm.json or <machine>/<local_rank>/comm.json)")
-    servers = sorted(p for p in root.rglob("server*.json") if p.is_file())
-    return machines, servers
 
 
 def _server_rank(sp: ServerProfile, worker_keys: set[int]) -> tuple[int, dict[int, int]]:
@@ -236,7 +32,7 @@ def _server_rank(sp: ServerProfile, worker_keys: set[int]) -> tuple[int, dict[in
     every key of the file maps into one server's range onto a key the workers traced."""
     keys = {k for k, _, _ in sp.reqs}
     for n in range(1, 1025):
-        size = _K_MAX // n
+        size = K_MAX // n
         idx = {k // size for k in keys}
         if len(idx) == 1 and all(k % size in worker_keys for k in keys):
             return idx.pop(), {k: k % size for k in keys}
@@ -354,7 +150,7 @@ def import_byteps(
     if n_steps == 0:
         raise DproInputError(root, "no complete profiled step in the comm.json files")
     roots = {m: lr for (m, lr), rc in comm.items() if rc.is_root()}
-    sizes = _read_sizes(root, notes)
+    sizes = read_sizes(root, notes)
     if not sizes:
         notes.append("no BytePS DEBUG log (*.log) with partition sizes: COMM ops carry 0 bytes")
     tensor_of: dict[int, str] = {}
@@ -434,7 +230,7 @@ def import_byteps(
                 else:
                     op.sub_op, op.txn, op.group = "SENDRECV", f"{stage.lower()}:{key}", root_group
             else:
-                op.sub_op = "IN" if stage in _IN_STAGES else "OUT"
+                op.sub_op = "IN" if stage in IN_STAGES else "OUT"
                 op.txn = f"{stage.lower()}:{key}@{name}"
             nt.ops[oid] = op
             chains[(tensor, key)].append((STAGES.index(stage), oid))
