@@ -27,10 +27,11 @@ import torch
 from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig
-from dpro.profiler.torch_compile_probe import CompileProbe, enabled as compile_probe_enabled
-from dpro.profiler.torch_memory import MemoryWatch
 from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
 from dpro.profiler.horovod_writer import idle_timeline_writer
+from dpro.profiler.torch_compile_probe import CompileProbe
+from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled
+from dpro.profiler.torch_memory import MemoryWatch
 
 log = logging.getLogger(__name__)
 

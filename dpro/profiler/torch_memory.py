@@ -33,12 +33,11 @@ import bisect
 import gc
 import gzip
 import logging
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import weakref
 
 import orjson
 
