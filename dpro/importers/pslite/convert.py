@@ -238,6 +238,14 @@ def _link_order(nt: NodeTrace, ev: dict, steps: list[int]) -> list[tuple[str, st
     return out
 
 
+def _request_to_response(nt: NodeTrace, o: str, stem: str, request_end: str, response_end: str) -> None:
+    """The edge from request op ``o`` to its response's op on this node, if both are here: a
+    worker sends the request and receives the response, a server the other way round."""
+    for req, res in (("push_req", "push_res"), ("pull_req", "pull_res")):
+        if o == f"{stem}/{req}.{request_end}" and f"{stem}/{res}.{response_end}" in nt.ops:
+            nt.edges.append((o, f"{stem}/{res}.{response_end}"))
+
+
 def _edges(nodes: dict[str, NodeTrace], workers, servers, steps: list[int], notes: list[str]) -> None:
     for p in workers:
         nt = nodes[p.name]
@@ -248,9 +256,7 @@ def _edges(nodes: dict[str, NodeTrace], workers, servers, steps: list[int], note
         nt.edges += _link_order(nt, ev, steps)
         for o in nt.ops:
             stem = o.rsplit("/", 1)[0]
-            for req, res in (("push_req", "push_res"), ("pull_req", "pull_res")):
-                if o == f"{stem}/{req}.send" and f"{stem}/{res}.recv" in nt.ops:
-                    nt.edges.append((o, f"{stem}/{res}.recv"))
+            _request_to_response(nt, o, stem, "send", "recv")
             if o == f"{stem}/push_res.recv" and f"{stem}/pull_req.send" in nt.ops:
                 if _always_after(ev, o, f"{stem}/pull_req.send", steps):
                     nt.edges.append((o, f"{stem}/pull_req.send"))
@@ -261,9 +267,7 @@ def _edges(nodes: dict[str, NodeTrace], workers, servers, steps: list[int], note
         nt.edges += _link_order(nt, ev, steps)
         for o in nt.ops:
             stem = o.rsplit("/", 1)[0]
-            for req, res in (("push_req", "push_res"), ("pull_req", "pull_res")):
-                if o == f"{stem}/{req}.recv" and f"{stem}/{res}.send" in nt.ops:
-                    nt.edges.append((o, f"{stem}/{res}.send"))
+            _request_to_response(nt, o, stem, "recv", "send")
             by_tensor[nt.ops[o].tensor].append(o)
         aggregated = 0
         for tensor, ops in by_tensor.items():
