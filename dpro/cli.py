@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import click
-import orjson
 
 from dpro.errors import DproInputError
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
+from dpro.jsonio import print_json
 
 _rank_opt = click.option(
     "--rank-pattern",
@@ -126,7 +126,7 @@ def replay(
         out["memory"] = {w: m.to_json() for w, m in memory.items()}
         out["profiling_overhead"] = ov.to_json() if ov is not None else None
         out["predicted_unprofiled_iteration_us"] = unprof
-        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+        print_json(out)
         return
     from dpro.report import print_replay
 
@@ -306,7 +306,7 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     if output is not None:
         write_strategy_dir(res, output, force=force)
     if as_json:
-        sys.stdout.buffer.write(orjson.dumps(res.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+        print_json(res.to_json())
         return
     click.echo(summary_text(res), nl=False)
     if output is not None:
@@ -344,7 +344,7 @@ def align_cmd(
     if as_json:
         d = res.to_json()
         d["output"] = None if output is None else str(output)
-        sys.stdout.buffer.write(orjson.dumps(d, option=orjson.OPT_INDENT_2) + b"\n")
+        print_json(d)
         return
     click.echo(
         f"{path}: {len(res.offsets_us)} nodes, reference {res.reference}: {res.solver} {res.status}, "

@@ -6,6 +6,7 @@ import gzip
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -78,6 +79,13 @@ def write_problem(path: Path, e: OSError) -> str:
     if path.is_dir():
         return "cannot write: is a directory, expected a file name"
     return f"cannot write: {e.strerror or e}"
+
+
+def print_json(obj: Any) -> None:
+    """``obj`` as indented JSON on stdout (``--json``); numpy numbers are written as numbers,
+    as in the files :func:`write_json` writes."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    sys.stdout.flush()
 
 
 def dump_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def test_replay_within_bound(profiled):
     res = replay(load_gtrace(profiled))
     assert res.build.expanded == 2
     assert abs(res.error_pct) <= 10.0, res.to_json()
+
+
+@pytest.mark.slow
+def test_optimize_json_of_a_profiled_job(profiled):
+    """`dpro optimize --json` on what `dpro profile` wrote: one JSON document, whatever the
+    search found. It used to fail with a traceback when the best strategy fused ops, whose
+    estimated times were numpy numbers (the make-demo job)."""
+    r = subprocess.run([sys.executable, "-m", "dpro.cli", "optimize", str(profiled), "--json", "--budget", "10"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["best_us"] <= doc["baseline_us"] and doc["speedup"] >= 1.0
+    for f in doc["best"]["strategy"]["op_fusion"]:
+        assert isinstance(f["dur_us"], float) and f["ops"]
+
+
+def test_print_json_writes_numpy_numbers(capsys):
+    import numpy as np
+
+    from dpro.jsonio import print_json
+
+    print_json({"a": np.float64(1.5), "b": [np.int64(2)], "c": 3})
+    assert json.loads(capsys.readouterr().out) == {"a": 1.5, "b": [2], "c": 3}
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ class Strategy:
     def with_fusion(self, chain: tuple[str, ...], dur: float) -> "Strategy":
         """Run ``chain`` as one op of ``dur`` µs (replacing fusions it absorbs)."""
         rest = tuple(f for f in self.fusions if not set(f.ops) & set(chain))
-        return replace(self, fusions=rest + (FusedOp(tuple(chain), dur),))
+        return replace(self, fusions=rest + (FusedOp(tuple(chain), float(dur)),))
 
     def with_memory(self, recompute: tuple[str, ...] | None = None, accum: int | None = None) -> "Strategy":
         """The same strategy with other memory settings (None: keep)."""
