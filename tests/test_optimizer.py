@@ -175,7 +175,7 @@ def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
     """fw 10 -> b1 10 -> b2 1 -> upd, gradients ready at 20 and 21 µs, 1 µs per byte: with 1 ms
     cycles Horovod would fuse them, but the job as profiled (recorded: no fusion setting)
     sent them apart, and that is what its defaults did there."""
-    from dpro.optimizer.model import _ran_horovod_defaults
+    from dpro.optimizer.horovod_profile import ran_defaults
     from dpro.optimizer.optimize import horovod_default
 
     m = two_grads(alpha=5, b2_dur=1)
@@ -183,29 +183,29 @@ def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
     m.horovod_defaults_profiled = True
     assert horovod_default(m).groups == ((0,), (1,))  # the job's own
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
-    assert not _ran_horovod_defaults(nt)  # not recorded: unknown
+    assert not ran_defaults(nt)  # not recorded: unknown
     nt.meta = {"horovod_settings": {}}
-    assert _ran_horovod_defaults(nt)
+    assert ran_defaults(nt)
     nt.meta = {"horovod_settings": {"HOROVOD_FUSION_THRESHOLD": "0"}}
-    assert not _ran_horovod_defaults(nt)
+    assert not ran_defaults(nt)
     nt.meta = {"horovod_settings": {}, "horovod": {"tensors": [{"enqueue_op": "HorovodGroupedAllreduce_x@cpu:tf0"}]}}
-    assert not _ran_horovod_defaults(nt)
+    assert not ran_defaults(nt)
 
 
 def test_horovod_job_as_profiled_is_a_step_s_grouping():
     """Horovod fused a, b, c as 1, 3 and 2 groups in steps 1-3: the job as profiled is the
     step with the median count (step 3); a step whose groups miss a unit gives None."""
-    from dpro.optimizer.model import _horovod_step_grouping
+    from dpro.optimizer.horovod_profile import step_grouping
 
     units = [Unit(n, 100, [], []) for n in "abc"]
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
     g = lambda *ts: {"tensors": list(ts)}  # noqa: E731
     nt.meta = {"horovod": {"groups": {"1": [g("c", "b", "a")], "2": [g("c"), g("b"), g("a")],
                                       "3": [g("c", "b"), g("a")]}}}
-    assert _horovod_step_grouping(nt, units, [1, 2, 3]) == [[2, 1], [0]]
-    assert _horovod_step_grouping(nt, units, [1, 2]) == [[2, 1, 0]]  # two steps: the one with fewer groups
+    assert step_grouping(nt, units, [1, 2, 3]) == [[2, 1], [0]]
+    assert step_grouping(nt, units, [1, 2]) == [[2, 1, 0]]  # two steps: the one with fewer groups
     nt.meta["horovod"]["groups"]["4"] = [g("c", "b")]
-    assert _horovod_step_grouping(nt, units, [3, 4]) is None
+    assert step_grouping(nt, units, [3, 4]) is None
 
 
 def test_horovod_default_is_not_traded_for_more_collectives():
@@ -229,7 +229,7 @@ def test_horovod_link_prices_the_spans_by_bytes():
     and 2; step 3 is not typical, and a malformed entry is skipped. The byte-weighted median
     is the large group's 1.5 µs/B; the latency stays the replay's; the excess per atom is
     the median over the steps."""
-    from dpro.optimizer.model import _horovod_excess, horovod_link
+    from dpro.optimizer.horovod_profile import excess_by_atom, link_cost
 
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
     g = lambda a, b, t, x: {"atoms": [a], "bytes": b, "start_us": 0.0, "end_us": t, "excess_us": x}  # noqa: E731
@@ -237,12 +237,12 @@ def test_horovod_link_prices_the_spans_by_bytes():
         "1": [g(0, 100, 300.0, 10.0), g(1, 1000, 1500.0, 50.0)],
         "2": [g(0, 100, 300.0, 30.0), g(1, 1000, 1500.0, 70.0), {"atoms": "x"}],
         "3": [g(1, 1000, 9000.0, 0.0)]}}}
-    link = horovod_link(nt, 2, [1, 2], LinkCost(7.0, 0.5))
+    link = link_cost(nt, 2, [1, 2], LinkCost(7.0, 0.5))
     assert (link.alpha, link.samples, link.shapes) == (7.0, 4, 2)
     assert link.beta == pytest.approx((1500 - 2 * 7) / 1000)
-    assert _horovod_excess(nt, [1, 2]) == {"ar#0": 20.0, "ar#1": 60.0}
+    assert excess_by_atom(nt, [1, 2]) == {"ar#0": 20.0, "ar#1": 60.0}
     nt.meta = {}
-    assert horovod_link(nt, 2, [1], LinkCost(7.0, 0.5)) == LinkCost(7.0, 0.5)  # nothing recorded: the replay's
+    assert link_cost(nt, 2, [1], LinkCost(7.0, 0.5)) == LinkCost(7.0, 0.5)  # nothing recorded: the replay's
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -306,10 +306,10 @@ def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path, model, groups)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     gt = load_gtrace(out)
     params = [p["name"] for p in json.loads((out / "raw" / "rank0.meta.json").read_text())["params"]]
-    from dpro.optimizer.model import _ran_horovod_defaults
+    from dpro.optimizer.horovod_profile import ran_defaults
 
-    assert all(not _ran_horovod_defaults(nt) for nt in gt.workers())  # its own groups: not Horovod's default
-    assert _ran_horovod_defaults(load_gtrace(profiled).nodes["worker0"])
+    assert all(not ran_defaults(nt) for nt in gt.workers())  # its own groups: not Horovod's default
+    assert ran_defaults(load_gtrace(profiled).nodes["worker0"])
     for nt in gt.workers():
         assert nt.meta["horovod_settings"] == {"HOROVOD_FUSION_THRESHOLD": str(64 << 20)}
         assert sorted(t.name for t in nt.tensors) == sorted(params)

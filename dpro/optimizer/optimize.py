@@ -267,7 +267,7 @@ def _keep_graph_unless_xla_gains(model: JobModel, results: list[SearchResult]) -
 def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy) -> int:
     """How many more collectives per step ``best`` sends than Horovod's ``default`` on a
     Horovod job (0 otherwise). Their cost is not in the model (the link's latency is only
-    the least the fused collectives allow: :func:`dpro.optimizer.model.horovod_link`), and
+    the least the fused collectives allow: :func:`dpro.optimizer.horovod_profile.link_cost`), and
     every such setting measured slower than predicted: no fusion 1-43 %, and on the TF
     transformer a 9-group split of a job that ran 2-5 groups per step was predicted 4.3 %
     faster and ran 4.8 % slower. So a Horovod default is not traded for more collectives."""
@@ -279,7 +279,7 @@ def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy)
 def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bool = False) -> list[str]:
     """A warning when ``best`` sends more messages per step than ``start`` and the link's
     per-message latency was not measurable (one collective shape in the profile) or, for
-    Horovod, is only the uncontended lower bound (:func:`dpro.optimizer.model.horovod_link`)."""
+    Horovod, is only the uncontended lower bound (:func:`dpro.optimizer.horovod_profile.link_cost`)."""
     more = sum(best.partitions) - sum(start.partitions)
     if more <= 0 or (link.latency_known and not horovod):
         return []
