@@ -12,8 +12,6 @@ from typing import Any
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.byteps.read import (
-    IN_STAGES,
-    K_MAX,
     STAGES,
     Interval,
     RankComm,
@@ -25,6 +23,12 @@ from dpro.importers.byteps.read import (
 )
 
 log = logging.getLogger(__name__)
+
+#: local stages before PUSH move the gradient into the PS topology (IN); the other local
+#: stages (after PULL) move it out of it (OUT)
+IN_STAGES = frozenset(STAGES[: STAGES.index("PUSH")]) - {"REDUCE"}
+#: ps-lite's key space (uint64 max); server i owns [i*(K//n), (i+1)*(K//n)) of n servers
+K_MAX = 2**64 - 1
 
 
 def _server_rank(sp: ServerProfile, worker_keys: set[int]) -> tuple[int, dict[int, int]]:

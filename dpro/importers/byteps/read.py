@@ -21,11 +21,6 @@ STAGES = (
     "COORDINATE_REDUCE", "REDUCE", "COPYD2H", "PCIE_REDUCE", "COORDINATE_PUSH", "COMPRESS",
     "PUSH", "PULL", "DECOMPRESS", "COPYH2D", "COORDINATE_BROADCAST", "BROADCAST",
 )
-#: local stages before PUSH move the gradient into the PS topology (IN), those after PULL out of it (OUT)
-IN_STAGES = frozenset(STAGES[: STAGES.index("PUSH")]) - {"REDUCE"}
-OUT_STAGES = frozenset(STAGES[STAGES.index("PULL") + 1 :]) - {"BROADCAST"}
-#: ps-lite's key space (uint64 max); server i owns [i*(K//n), (i+1)*(K//n)) of n servers
-K_MAX = 2**64 - 1
 _SIZE_RE = re.compile(r"(\S+) partitioned to (\d+) part\(s\), total_len=(\d+), key_range=\[(\d+), (\d+)\]")
 _BOUND_RE = re.compile(r"Partition size round up to (\d+) \(bytes\)")
 _TRAILING_INT = re.compile(r"(\d+)$")
