@@ -64,10 +64,7 @@ from dpro.profiler.tf_horovod import apply_horovod
 from dpro.profiler.tf_record import (
     ALLREDUCES,
     BW_SCOPES,
-    HOROVOD_PREFIX,
-    IO_TYPES,
     STEP_END_ID,
-    TF_COLLECTIVES,
     GraphNode,
     RankRecording,
     read_rank,
@@ -75,6 +72,20 @@ from dpro.profiler.tf_record import (
 from dpro.progress import progress_bar
 
 log = logging.getLogger(__name__)
+
+IO_TYPES = frozenset({
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "OptionalGetValue",
+    "MultiDeviceIteratorGetNextFromShard", "ReaderReadV2", "ReadFile", "DecodeJpeg", "DecodePng",
+})
+#: TF's own collectives (MultiWorkerMirroredStrategy, CollectiveAllReduceStrategy): asynchronous
+#: kernels, one coarse COMM op each (Start..Done), txn = the node name (the same graph on every worker)
+TF_COLLECTIVES = {
+    "CollectiveReduce": "ALLREDUCE", "CollectiveReduceV2": "ALLREDUCE", "CollectiveReduceV3": "ALLREDUCE",
+    "CollectiveGather": "ALLGATHER", "CollectiveGatherV2": "ALLGATHER", "CollectiveBcastSend": "BROADCAST",
+    "CollectiveBcastSendV2": "BROADCAST", "CollectiveBcastRecv": "BROADCAST", "CollectiveBcastRecvV2": "BROADCAST",
+    "CollectiveAllToAllV2": "ALLTOALL", "CollectiveAllToAllV3": "ALLTOALL", "NcclAllReduce": "ALLREDUCE",
+}
+HOROVOD_PREFIX = "Horovod"
 
 
 # ----------------------------------------------------------------------------- one rank

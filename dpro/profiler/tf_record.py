@@ -1,6 +1,6 @@
 """One rank's TensorFlow recording (``rank<r>.json.gz``, written by dpro's TF recorder) as read:
-the partition graphs TF executed and each op's execution per profiled step; and the op types and
-name scopes the import classifies by. Turned into a gTrace by :mod:`dpro.profiler.tf_collect`."""
+the partition graphs TF executed and each op's execution per profiled step; and the names
+the DFG and the Horovod part both use. Turned into a gTrace by :mod:`dpro.profiler.tf_collect`."""
 
 from __future__ import annotations
 
@@ -13,21 +13,9 @@ from dpro.errors import DproInputError
 from dpro.jsonio import read_json
 
 RANK_FORMAT = "dpro-tf-rank"
+#: names shared by the DFG (tf_collect) and the Horovod part (tf_horovod)
 STEP_END_ID = "STEP_END@cpu:main"
-IO_TYPES = frozenset({
-    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "OptionalGetValue",
-    "MultiDeviceIteratorGetNextFromShard", "ReaderReadV2", "ReadFile", "DecodeJpeg", "DecodePng",
-})
 BW_SCOPES = ("gradient_tape/", "gradients/")
-#: TF's own collectives (MultiWorkerMirroredStrategy, CollectiveAllReduceStrategy): asynchronous
-#: kernels, one coarse COMM op each (Start..Done), txn = the node name (the same graph on every worker)
-TF_COLLECTIVES = {
-    "CollectiveReduce": "ALLREDUCE", "CollectiveReduceV2": "ALLREDUCE", "CollectiveReduceV3": "ALLREDUCE",
-    "CollectiveGather": "ALLGATHER", "CollectiveGatherV2": "ALLGATHER", "CollectiveBcastSend": "BROADCAST",
-    "CollectiveBcastSendV2": "BROADCAST", "CollectiveBcastRecv": "BROADCAST", "CollectiveBcastRecvV2": "BROADCAST",
-    "CollectiveAllToAllV2": "ALLTOALL", "CollectiveAllToAllV3": "ALLTOALL", "NcclAllReduce": "ALLREDUCE",
-}
-HOROVOD_PREFIX = "Horovod"
 HOROVOD_ALLREDUCE = "HorovodAllreduce"
 #: one op for a group of tensors (hvd.grouped_allreduce, DistributedOptimizer(groups=...)); Horovod
 #: names its i-th tensor ``<node>_<i>of<n>`` (i from 1)

@@ -10,7 +10,15 @@ from typing import Any
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-from dpro.importers.pslite.read import DATA_KINDS, MESSAGE_OPS, ProcessTrace, Record, read_trace_dir
+from dpro.importers.pslite.read import DATA_KINDS, ProcessTrace, Record, read_trace_dir
+
+#: ps-lite message -> (sub-op of its send, sub-op of its receive, op-name stem)
+MESSAGE_OPS = {
+    "push_req": ("PUSH_REQ", "PUSH_RES", "push_request"),
+    "push_res": ("PULL_REQ", "PULL_RES", "push_response"),
+    "pull_req": ("PUSH_REQ", "PUSH_RES", "pull_request"),
+    "pull_res": ("PULL_REQ", "PULL_RES", "pull_response"),
+}
 
 
 @dataclass

@@ -19,14 +19,6 @@ DATA_KINDS = ("push_req", "push_res", "pull_req", "pull_res")
 KINDS = DATA_KINDS + ("control", "simple")
 ROLES = ("worker", "server", "scheduler")
 
-#: ps-lite message -> (sub-op of its send, sub-op of its receive, op-name stem)
-MESSAGE_OPS = {
-    "push_req": ("PUSH_REQ", "PUSH_RES", "push_request"),
-    "push_res": ("PULL_REQ", "PULL_RES", "push_response"),
-    "pull_req": ("PUSH_REQ", "PUSH_RES", "pull_request"),
-    "pull_res": ("PULL_REQ", "PULL_RES", "pull_response"),
-}
-
 
 @dataclass(slots=True)
 class Record:
