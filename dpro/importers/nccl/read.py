@@ -15,14 +15,6 @@ from dpro.jsonio import read_bytes
 FORMAT_NAME = "dpro-nccl-trace"
 FORMAT_VERSION = 1
 
-#: gTrace coarse sub-op -> NCCL function name (what the plugin records)
-NCCL_FUNC = {
-    "ALLREDUCE": "AllReduce",
-    "ALLGATHER": "AllGather",
-    "REDUCESCATTER": "ReduceScatter",
-    "BROADCAST": "Broadcast",
-}
-
 DTYPE_BYTES = {
     "ncclInt8": 1, "ncclUint8": 1, "ncclFloat8e4m3": 1, "ncclFloat8e5m2": 1,
     "ncclFloat16": 2, "ncclBfloat16": 2,

@@ -14,8 +14,16 @@ from pathlib import Path
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, NodeTrace, Op
 from dpro.importers.nccl.chunks import PairedCollective, collective_chunks, data_dependencies
-from dpro.importers.nccl.read import NCCL_FUNC, Coll, PluginFile, RankView, read_plugin_dir, select_comm
+from dpro.importers.nccl.read import Coll, PluginFile, RankView, read_plugin_dir, select_comm
 from dpro.jsonio import read_bytes
+
+#: gTrace coarse sub-op -> NCCL function name (what the plugin records)
+NCCL_FUNC = {
+    "ALLREDUCE": "AllReduce",
+    "ALLGATHER": "AllGather",
+    "REDUCESCATTER": "ReduceScatter",
+    "BROADCAST": "Broadcast",
+}
 
 
 def kineto_time_offsets(path: str | Path) -> dict[int, float]:
