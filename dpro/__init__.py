@@ -1,18 +1,29 @@
 """dpro: profile, replay and optimize distributed DNN training.
 
-The package does no work at import time; import the submodules you need
-(`dpro.gtrace`, `dpro.importers.kineto`, `dpro.graph`, `dpro.replayer`).
+    job = dpro.open("traces/")       # a prepared job (dpro.job): loaded, validated, clocks aligned
+    job.replay()                     # predicted vs measured, breakdown, critical path, memory
+    job.optimize()                   # a faster strategy and the settings that apply it
+
+    recorder = dpro.Recorder(model)  # record a job: two lines in the training script
+    @dpro.profile(recorder)
+
+The package does no work at import time: each name imports what it needs when used.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Recorder", "profile"]
+__all__ = ["Job", "Recorder", "open", "profile"]
 
 
 def __getattr__(name: str):
-    """``dpro.Recorder`` / ``dpro.profile`` without importing any framework at ``import dpro``."""
+    """``dpro.open`` / ``dpro.Job`` / ``dpro.Recorder`` / ``dpro.profile``, imported on first use
+    (no framework is imported by ``import dpro``)."""
     if name in ("Recorder", "profile"):
         from dpro.profiler import recorder
 
         return getattr(recorder, name)
+    if name in ("open", "Job"):
+        from dpro import job
+
+        return getattr(job, name)
     raise AttributeError(f"module 'dpro' has no attribute {name!r}")

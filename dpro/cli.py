@@ -101,36 +101,19 @@ def replay(
     rank). Prints the predicted iteration time next to the one measured in the trace and,
     where dpro's recorder measured its own overhead, the prediction without it.
     """
-    from dpro.graph.global_dfg import BuildOptions
-    from dpro.loader import open_trace
-    from dpro.replayer.replay import replay as run_replay
+    from dpro.job import open as open_job
     from dpro.replayer.timeline import write_timeline
 
-    from dpro.replayer.memory import peak_memory
-
-    gt = open_trace(path, rank_pattern)
-    res = run_replay(gt, BuildOptions(expand_collectives=not no_expand), align_clocks=not no_align)
-    memory = peak_memory(gt, res)
+    res = open_job(path, rank_pattern=rank_pattern, align=not no_align).replay(expand_collectives=not no_expand)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
-    from dpro.replayer.overhead import job_overhead
-
-    ov = job_overhead(gt.workers())
-    # the job as it runs unprofiled: each worker's CPU ops scaled by its measured overhead (replayer.overhead)
-    unprof = None
-    if ov is not None and ov.factor != 1.0:
-        unprof = run_replay(gt, BuildOptions(expand_collectives=not no_expand, remove_overhead=True),
-                            align_clocks=not no_align).predicted_iteration_us
     if as_json:
-        out = res.to_json()
-        out["memory"] = {w: m.to_json() for w, m in memory.items()}
-        out["profiling_overhead"] = ov.to_json() if ov is not None else None
-        out["predicted_unprofiled_iteration_us"] = unprof
-        print_json(out)
+        print_json(res.to_json())
         return
     from dpro.report import print_replay
 
     print_replay(res, path, top=top, timeline=timeline)
+    ov, unprof, memory = res.profiling_overhead, res.predicted_unprofiled_iteration_us, res.memory
     if ov is not None:
         click.echo(f"  profiling overhead (recorder's clock): {ov.pct:+.1f}% ({ov.unprofiled_us / 1e3:.2f} ms per step "
                    f"outside the window, {ov.profiled_us / 1e3:.2f} ms in it)")
@@ -293,16 +276,16 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
         from dpro.jsonio import check_writable_dir
 
         check_writable_dir(output, force)  # before the search, not after it
+    from dpro.job import open as open_job
     from dpro.loader import open_trace
-    from dpro.optimizer.optimize import optimize as run_optimize
     from dpro.optimizer.output import summary_text, write_strategy_dir
     from dpro.progress import progress_pulse
 
-    gt = open_trace(path, rank_pattern)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
     small = open_trace(micro_trace, rank_pattern) if micro_trace is not None else None
     with progress_pulse("optimizing") as tick:
-        res = run_optimize(gt, passes=passes, budget_s=budget, align_clocks=not no_align, memory_budget=mem_bytes,
-                           memory_passes=mem_passes, micro_trace=small, tick=tick)
+        res = job.optimize(passes=passes, budget_s=budget, memory_budget=mem_bytes, memory_passes=mem_passes,
+                           micro_trace=small, tick=tick)
     if output is not None:
         write_strategy_dir(res, output, force=force)
     if as_json:
@@ -329,18 +312,15 @@ def align_cmd(
     Nodes with the same host share a clock. Offsets come from the cross-node dependencies
     (SEND/RECV, PUSH/PULL, collectives), solved with CVXPY; see docs/alignment.md.
     """
-    from dpro.alignment import AlignOptions, align, apply_offsets
-    from dpro.loader import open_trace
+    from dpro.alignment import AlignOptions, apply_offsets
+    from dpro.job import open as open_job
 
-    gt = open_trace(path, rank_pattern)
-    try:
-        res = align(gt, AlignOptions(reference=reference, force=one_host))
-    except ValueError as e:
-        raise DproInputError(path, str(e)) from None
+    job = open_job(path, rank_pattern=rank_pattern, align=AlignOptions(reference=reference, force=one_host))
+    res = job.alignment
     if output is not None:
         from dpro.gtrace.io import write_gtrace
 
-        write_gtrace(apply_offsets(gt, res.offsets_us), output, force=force)
+        write_gtrace(apply_offsets(job.profiled, res.offsets_us), output, force=force)
     if as_json:
         d = res.to_json()
         d["output"] = None if output is None else str(output)

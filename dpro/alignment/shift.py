@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from dpro.gtrace.schema import Event, GTrace, NodeTrace
 from dpro.gtrace.validate import PAIRS
+
+if TYPE_CHECKING:
+    from dpro.alignment.options import AlignOptions
+    from dpro.alignment.result import AlignResult
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +104,13 @@ def _correct_recv(gt: GTrace) -> int:
                 e.dur = end - e.ts
                 moved += 1
     return moved
+
+
+def on_one_clock(gt: GTrace, options: AlignOptions | None = None) -> tuple[GTrace, AlignResult]:
+    """``gt`` with every node on one clock, and the alignment that put it there: the
+    offsets :func:`dpro.alignment.align` estimates, applied unless nothing needed them
+    (status ``"trivial"``: one host), in which case ``gt`` itself is returned."""
+    from dpro.alignment.align import align
+
+    res = align(gt, options)
+    return (gt if res.status == "trivial" else apply_offsets(gt, res.offsets_us)), res

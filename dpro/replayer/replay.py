@@ -15,6 +15,8 @@ from dpro.replayer.engine import Schedule, simulate
 
 if TYPE_CHECKING:
     from dpro.alignment import AlignResult
+    from dpro.replayer.memory import MemoryEstimate
+    from dpro.replayer.overhead import Overhead
 
 
 @dataclass
@@ -31,6 +33,21 @@ class ReplayResult:
     steps: list[int] = field(default_factory=list)
     #: the clock alignment done before replaying (None: not asked for)
     alignment: AlignResult | None = None
+    #: predicted peak memory per worker (filled in by :meth:`dpro.job.Job.replay`)
+    memory: dict[str, MemoryEstimate] = field(default_factory=dict)
+    #: the profiling overhead dpro's recorder measured, median over the workers (None: not measured)
+    profiling_overhead: Overhead | None = None
+    #: the prediction with each worker's measured profiling overhead taken out of its CPU ops
+    predicted_unprofiled_iteration_us: float | None = None
+
+    def critical_path_rows(self) -> list[dict]:
+        """The critical path as plain rows (name, cat, device, start_us, dur_us, ...), e.g. for pandas."""
+        return [p.to_json() for p in self.critical_path]
+
+    def breakdown_rows(self) -> list[dict]:
+        """The breakdown as plain rows: part, time (µs), share of the predicted iteration (%)."""
+        it = self.predicted_iteration_us or 1.0
+        return [{"part": k, "us": v, "pct": 100.0 * v / it} for k, v in self.breakdown_us.items()]
 
     @property
     def error_pct(self) -> float | None:
@@ -56,23 +73,32 @@ class ReplayResult:
             "clock_alignment": None if self.alignment is None else {
                 k: self.alignment.to_json()[k] for k in ("reference", "status", "solver", "iterations", "time_s")},
             "notes": self.notes,
+            "memory": {w: m.to_json() for w, m in self.memory.items()},
+            "profiling_overhead": None if self.profiling_overhead is None else self.profiling_overhead.to_json(),
+            "predicted_unprofiled_iteration_us": self.predicted_unprofiled_iteration_us,
         }
 
 
 def replay(gt: GTrace, options: BuildOptions | None = None, *, align_clocks: bool = True) -> ReplayResult:
-    """Predict one iteration of ``gt``.
+    """Predict one iteration of ``gt``: build its global DFG, simulate it, analyse.
 
     With ``align_clocks`` (the default) the nodes' clocks are first put on one clock
-    (:mod:`dpro.alignment`); nothing changes when every node runs on one host.
+    (:func:`dpro.alignment.on_one_clock`); nothing changes when every node runs on one
+    host. :func:`dpro.open` does this once for every analysis of a job.
     """
-    options = options or BuildOptions()
     alignment = None
     if align_clocks:
-        from dpro.alignment import align, apply_offsets
+        from dpro.alignment import on_one_clock
 
-        alignment = align(gt)
-        if alignment.status != "trivial":
-            gt = apply_offsets(gt, alignment.offsets_us)
+        gt, alignment = on_one_clock(gt)
+    return replay_on_one_clock(gt, options, alignment=alignment)
+
+
+def replay_on_one_clock(gt: GTrace, options: BuildOptions | None = None, *,
+                        alignment: AlignResult | None = None) -> ReplayResult:
+    """:func:`replay` of a ``gt`` whose nodes already share one clock; ``alignment``: the
+    alignment that put them there (its notes join the replay's), if any."""
+    options = options or BuildOptions()
     if not options.steps:
         options = replace(options, steps=typical_steps(list(gt.nodes.values()), gt.manifest.steps))
     g, info = build_global_dfg(gt, options)
@@ -87,8 +113,15 @@ def replay(gt: GTrace, options: BuildOptions | None = None, *, align_clocks: boo
         graph=g,
         schedule=sched,
         build=info,
-        notes=list(gt.notes) + info.notes + ([] if alignment is None else [
-            n for n in alignment.notes if alignment.status != "trivial" or n.startswith("inconsistent events")]),
+        notes=list(gt.notes) + info.notes + alignment_notes(alignment),
         steps=list(steps),
         alignment=alignment,
     )
+
+
+def alignment_notes(alignment: AlignResult | None) -> list[str]:
+    """What an alignment says worth repeating in a replay: its notes where it moved clocks,
+    and inconsistent events in any case."""
+    if alignment is None:
+        return []
+    return [n for n in alignment.notes if alignment.status != "trivial" or n.startswith("inconsistent events")]

@@ -1,0 +1,127 @@
+"""The prepared job: a trace opened once, with what every analysis shares computed once.
+
+    job = dpro.open("traces/")          # load (gTrace or torch.profiler), validate, align clocks
+    r = job.replay()                    # ReplayResult: predicted vs measured, breakdown, critical path
+    pd.DataFrame(r.critical_path_rows())
+    best = job.optimize(budget_s=20)    # OptimizeResult
+
+A :class:`Job` keeps the trace on one clock, the profiled steps the analyses use, each
+worker's op statistics and each replay it has run, so that ``dpro replay`` (with the
+prediction without the profiling overhead) and ``dpro optimize`` build on the same
+prepared pieces instead of re-deriving them (docs/api.md, docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dpro.gtrace.schema import GTrace
+
+if TYPE_CHECKING:
+    from dpro.alignment import AlignOptions, AlignResult
+    from dpro.optimizer.optimize import OptimizeResult
+    from dpro.optimizer.passes.base import GraphPass
+    from dpro.progress import Tick
+    from dpro.replayer.overhead import Overhead
+    from dpro.replayer.replay import ReplayResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """A profiled job ready for analysis (open one with :func:`open`)."""
+
+    #: the trace as loaded (each node on its own clock)
+    profiled: GTrace
+    #: the trace on one clock (``profiled`` itself when nothing needed aligning)
+    trace: GTrace
+    #: the clock alignment done on opening (None: opened with ``align=False``)
+    alignment: AlignResult | None = None
+    #: where it was opened from
+    path: Path | None = None
+    _replays: dict[tuple[bool, bool], ReplayResult] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def steps(self) -> list[int]:
+        """The profiled steps every analysis averages over (stalls and outliers dropped)."""
+        from dpro.graph.stats import typical_steps
+
+        return typical_steps(list(self.trace.nodes.values()), self.trace.manifest.steps)
+
+    @cached_property
+    def profiling_overhead(self) -> Overhead | None:
+        """The overhead dpro's recorder measured (median over the workers), if it did."""
+        from dpro.replayer.overhead import job_overhead
+
+        return job_overhead(self.trace.workers())
+
+    def replay(self, *, expand_collectives: bool = True) -> ReplayResult:
+        """Predict one iteration: predicted vs measured, breakdown, critical path, peak
+        memory per worker and, where the recorder measured its own overhead, the
+        prediction without it. Computed once per setting."""
+        key = (expand_collectives, False)
+        if key not in self._replays:
+            from dpro.replayer.memory import peak_memory
+
+            res = self._replay(expand_collectives, remove_overhead=False)
+            res.memory = peak_memory(self.trace, res)
+            ov = res.profiling_overhead = self.profiling_overhead
+            if ov is not None and ov.factor != 1.0:
+                res.predicted_unprofiled_iteration_us = self._replay(
+                    expand_collectives, remove_overhead=True).predicted_iteration_us
+            self._replays[key] = res
+        return self._replays[key]
+
+    def _replay(self, expand_collectives: bool, *, remove_overhead: bool) -> ReplayResult:
+        from dpro.graph.global_dfg import BuildOptions
+        from dpro.replayer.replay import replay_on_one_clock
+
+        opts = BuildOptions(expand_collectives=expand_collectives, steps=list(self.steps), remove_overhead=remove_overhead)
+        return replay_on_one_clock(self.trace, opts, alignment=self.alignment)
+
+    def optimize(self, *, passes: list[GraphPass] | None = None, budget_s: float = 30.0,
+                 memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
+                 micro_trace: Job | GTrace | None = None, tick: Tick | None = None) -> OptimizeResult:
+        """Search a faster strategy (docs/optimizer.md): ``passes`` (default: every
+        throughput pass), ``memory_budget`` (bytes per worker) to fit first,
+        ``micro_trace`` the same job profiled at a smaller batch."""
+        from dpro.optimizer.optimize import optimize
+
+        small = micro_trace.profiled if isinstance(micro_trace, Job) else micro_trace
+        kw = {"tick": tick} if tick is not None else {}
+        return optimize(self.trace, passes=passes, budget_s=budget_s, align_clocks=False, memory_budget=memory_budget,
+                        memory_passes=memory_passes, micro_trace=small, **kw)
+
+
+def open(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True) -> Job:  # noqa: A001
+    """Open the job traced in ``path`` (a gTrace directory, torch.profiler traces, one file
+    per rank): load and validate it, and with ``align`` (True or the
+    :class:`~dpro.alignment.AlignOptions` to use) put every node on one clock.
+
+    ``rank_pattern``: regex whose first group is the rank in a trace file name (for traces
+    without ``distributedInfo``). Bad input raises :class:`dpro.errors.DproInputError`.
+    """
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
+    from dpro.loader import open_trace
+
+    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN)
+    return prepare(gt, align=align, path=Path(path))
+
+
+def prepare(gt: GTrace, *, align: bool | AlignOptions = True, path: Path | None = None) -> Job:
+    """A :class:`Job` of a trace already in memory (see :func:`open`)."""
+    if align is False:
+        return Job(profiled=gt, trace=gt, path=path)
+    from dpro.alignment import on_one_clock
+    from dpro.errors import DproInputError
+
+    try:
+        trace, alignment = on_one_clock(gt, None if align is True else align)
+    except ValueError as e:  # e.g. an unknown reference node
+        raise DproInputError(path or gt.source or "trace", str(e)) from None
+    return Job(profiled=gt, trace=trace, alignment=alignment, path=path)
