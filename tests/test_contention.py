@@ -8,7 +8,8 @@ import pytest
 
 from dpro.graph.compiled import compile_graph
 from dpro.gtrace.schema import NodeTrace
-from dpro.optimizer.contention import CpuShare, measured_share, overlap, replay, union_length
+from dpro.graph.intervals import overlap, union_length
+from dpro.optimizer.contention import CpuShare, measured_share, replay
 
 
 def test_overlap_with_a_union_of_intervals():

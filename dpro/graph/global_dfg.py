@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
+from dpro.graph.intervals import busy_periods
 from dpro.graph.stats import OpStats, node_stats
 from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
 from dpro.gtrace.validate import PAIRS
@@ -102,11 +103,13 @@ class GraphBuilder:
         )
 
 
-def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, int, float]]:
+def _collective_busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]],
+                             groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, int, float]]:
     """(collectives, total bytes, ranks, duration µs) per busy period of complete AllReduces.
 
     A collective instance starts when its last rank started it and ends when its last rank
-    finished; overlapping instances of one step form one period (see comm_model).
+    finished; overlapping instances of one step over as many ranks form one period (see
+    comm_model).
     """
     inst: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
     for txn, members in groups.items():
@@ -118,20 +121,7 @@ def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict
         for s, v in per_step.items():
             if len(v) == len(members):
                 inst[s].append((max(t for t, _ in v), max(e for _, e in v), nbytes, len(members)))
-    out = []
-    for v in inst.values():
-        v.sort()
-        i = 0
-        while i < len(v):
-            t0, t1, nb, n = v[i]
-            m, j = 1, i + 1
-            while j < len(v) and v[j][0] < t1 and v[j][3] == n:
-                t1 = max(t1, v[j][1])
-                nb += v[j][2]
-                m, j = m + 1, j + 1
-            out.append((m, nb, n, t1 - t0))
-            i = j
-    return out
+    return [(p.pieces, p.bytes, p.group, p.duration_us) for v in inst.values() for p in busy_periods(v)]
 
 
 #: device name prefixes of accelerator streams (Kineto imports: ``gpu0:s7``; tests: ``cuda:0``)
@@ -180,7 +170,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
             complete[txn] = members
     cost = opts.link_cost
     if opts.expand_collectives and complete and cost is None:
-        cost = fit_link_cost(_busy_periods(gt, stats, complete))
+        cost = fit_link_cost(_collective_busy_periods(gt, stats, complete))
         if cost is None:
             info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
     info.link_cost = cost

@@ -28,7 +28,8 @@ from dpro.graph.global_dfg import ACCELERATORS
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
 from dpro.optimizer import horovod_profile as hvd_profile
-from dpro.optimizer.contention import CpuShare, measured_share, overlap, union_length
+from dpro.graph.intervals import overlap, union_length
+from dpro.optimizer.contention import CpuShare, measured_share
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
 from dpro.optimizer.ps import PsLayout, fit_server_link, fit_update
 from dpro.optimizer.ps import base_name as ps_base

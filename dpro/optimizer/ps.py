@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpro.graph.comm_model import LinkCost, lad_link_cost, lad_nonneg
+from dpro.graph.intervals import busy_periods
 from dpro.gtrace.schema import GTrace, NodeTrace
 
 _SERVER_SUFFIX = re.compile(r"@s(\d+)$")
@@ -96,7 +97,8 @@ def fit_server_link(gt: GTrace, steps: list[int]) -> LinkCost | None:
     sides = [(servers, _pull_pieces)] + ([(workers, _push_pieces)] if len(servers) > len(workers) else [])
     fits = []
     for nodes, pieces_of in sides:
-        rows = [r for nt in nodes for pieces in pieces_of(nt, steps).values() for r in _busy_periods(pieces)]
+        rows = [(p.pieces, p.bytes, p.duration_us) for nt in nodes for pieces in pieces_of(nt, steps).values()
+                for p in busy_periods([(a, b, nbytes, 0) for a, b, nbytes in pieces])]
         if fit := _lad_link([r for r in rows if r[1] > 0 and r[2] > 0]):
             fits.append(fit)
     return min(fits, key=lambda f: f.beta) if fits else None
@@ -135,24 +137,6 @@ def _pull_pieces(nt: NodeTrace, steps: list[int]) -> dict[int, list[tuple[float,
     out: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
     for (step, _), (a, b, nbytes) in span.items():
         out[step].append((a, b, int(nbytes)))
-    return out
-
-
-def _busy_periods(pieces: list[tuple[float, float, int]]) -> list[tuple[float, float, float]]:
-    """Overlapping pieces merged: (messages, bytes, duration µs) per busy period."""
-    out: list[tuple[float, float, float]] = []
-    cur: list[float] | None = None
-    for a, b, nbytes in sorted(pieces):
-        if cur is not None and a < cur[1]:
-            cur[1] = max(cur[1], b)
-            cur[2] += 1
-            cur[3] += nbytes
-            continue
-        if cur is not None:
-            out.append((cur[2], cur[3], cur[1] - cur[0]))
-        cur = [a, b, 1, nbytes]
-    if cur is not None:
-        out.append((cur[2], cur[3], cur[1] - cur[0]))
     return out
 
 
