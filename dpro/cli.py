@@ -113,7 +113,7 @@ def replay(
     memory = peak_memory(gt, res)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
-    from dpro.replayer.overhead import job_overhead
+    from dpro.graph.overhead import job_overhead
 
     ov = job_overhead(gt.workers())
     # the job as it runs unprofiled: each worker's CPU ops scaled by its measured overhead (replayer.overhead)

@@ -76,8 +76,8 @@ def test_gtrace_complete(profiled):
 
 def test_steps_after_the_window_are_timed(profiled):
     """14 calls, window 4..10: the recorder times the 3 calls after it (the settled
-    unprofiled pace, dpro.replayer.overhead) and adds them to each rank's meta."""
-    from dpro.replayer.overhead import measured_overhead
+    unprofiled pace, dpro.graph.overhead) and adds them to each rank's meta."""
+    from dpro.graph.overhead import measured_overhead
 
     for nt in load_gtrace(profiled).nodes.values():
         assert len(nt.meta["step_wall_us"]) == 11

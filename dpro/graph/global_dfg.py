@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
 from dpro.graph.intervals import busy_periods
+from dpro.graph.overhead import measured_overhead, scale_overhead
 from dpro.graph.stats import OpStats, node_stats
 from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
 from dpro.gtrace.validate import PAIRS
@@ -37,7 +38,7 @@ class BuildOptions:
     link_cost: LinkCost | None = None
     #: restrict to these steps (default: the manifest's)
     steps: list[int] | None = None
-    #: scale each worker's CPU ops by its measured profiling overhead (dpro.replayer.overhead):
+    #: scale each worker's CPU ops by its measured profiling overhead (dpro.graph.overhead):
     #: predict the job as it runs unprofiled
     remove_overhead: bool = False
 
@@ -128,32 +129,41 @@ def _collective_busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]],
 ACCELERATORS = ("gpu", "cuda")
 
 
-def _remove_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> None:
-    """Each worker's measured profiling overhead off the ops it ran on its CPU: host-side
-    ops and, in a job with no accelerator, its collectives' own parts (gloo, Horovod on CPU)."""
-    from dpro.replayer.overhead import measured_overhead, scale_overhead
-
+def _without_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> dict[str, dict[str, OpStats]]:
+    """``stats`` with each worker's measured profiling overhead taken off the ops it ran on
+    its CPU: host-side ops and, in a job with no accelerator, its collectives' own parts
+    (gloo, Horovod on CPU). The scaled ops are copies: ``stats`` is left as it is."""
+    out = dict(stats)
     for name, nt in gt.nodes.items():
         ov = measured_overhead(nt) if nt.info.role == "worker" else None
         if ov is None:
             continue
         cpu_only = not any(op.device.startswith(ACCELERATORS) for op in nt.ops.values())
-        ops = [stats[name][op.id] for op in nt.ops.values() if op.id in stats[name]
+        ids = [op.id for op in nt.ops.values() if op.id in stats[name]
                and (op.device.startswith("cpu") or (cpu_only and op.cat == "COMM"))]
-        r = scale_overhead(ov, ops)
+        scaled = [replace(stats[name][i]) for i in ids]
+        r = scale_overhead(ov, scaled)
         if r != 1.0:
-            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ops)} ops "
+            out[name] = {**stats[name], **dict(zip(ids, scaled))}
+            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ids)} ops "
                               f"on its CPU{' (collectives included)' if cpu_only else ''} scaled by {r:.3f}")
+    return out
 
 
-def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[CompiledGraph, BuildInfo]:
-    """Build the global DFG of ``gt`` ready for replay."""
+def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
+                     stats: dict[str, dict[str, OpStats]] | None = None) -> tuple[CompiledGraph, BuildInfo]:
+    """Build the global DFG of ``gt`` ready for replay.
+
+    ``stats``: every node's op statistics over the steps the options select
+    (``{node name: node_stats(nt, steps)}``), where the caller has them already; they are
+    not changed (``remove_overhead`` scales copies)."""
     opts = options or BuildOptions()
     info = BuildInfo()
     steps = opts.steps or gt.manifest.steps or None
-    stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
+    if stats is None:
+        stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
     if opts.remove_overhead:
-        _remove_overhead(gt, stats, info)
+        stats = _without_overhead(gt, stats, info)
     present = {nt.info.rank: name for name, nt in gt.nodes.items() if nt.info.role == "worker"}
 
     # Coarse AllReduce transactions whose whole group is present get expanded.

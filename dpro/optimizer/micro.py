@@ -20,7 +20,7 @@ from dpro.errors import DproInputError
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
 from dpro.optimizer.model import CompOp, JobModel, _remove_overhead
-from dpro.replayer.overhead import measured_overhead
+from dpro.graph.overhead import measured_overhead
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from dpro.optimizer.ps import PsLayout, fit_server_link, fit_update
 from dpro.optimizer.ps import base_name as ps_base
 from dpro.optimizer.ps import layout as ps_layout
 from dpro.optimizer.ps import server_of as ps_server_of
-from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
+from dpro.graph.overhead import Overhead, measured_overhead, scale_overhead
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
 
     ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
     synchronisation cannot be modelled and the trace is refused. ``remove_overhead``:
-    where the recorder measured its own overhead (:mod:`dpro.replayer.overhead`), take it
+    where the recorder measured its own overhead (:mod:`dpro.graph.overhead`), take it
     out of the host-side ops, so that predictions are of the job as it runs unprofiled.
     ``worker`` names the worker that stands for all (default: the slowest;
     :func:`dpro.optimizer.optimize.optimize` picks by agreement with the full replay).
@@ -378,7 +378,7 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
 
 def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
     """Scale the host-side ops' gaps and own times by the recorder's unprofiled/profiled
-    step ratio (dpro.replayer.overhead.scale_overhead). Returns a note (nothing when
+    step ratio (dpro.graph.overhead.scale_overhead). Returns a note (nothing when
     nothing changed)."""
     host = [o for o in ops.values() if o.device.startswith("cpu")]
     r = scale_overhead(ov, host)
