@@ -1,4 +1,4 @@
-"""CPU contention between computation and collectives (dpro.optimizer.contention), on
+"""CPU contention between computation and collectives (dpro.replayer.cpu_contention), on
 graphs and numbers computed by hand."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from dpro.graph.compiled import compile_graph
 from dpro.gtrace.schema import NodeTrace
 from dpro.graph.intervals import overlap, union_length
-from dpro.optimizer.contention import CpuShare, measured_share, replay
+from dpro.replayer.cpu_contention import CpuShare, measured_share, simulate_contended
 
 
 def test_overlap_with_a_union_of_intervals():
@@ -43,9 +43,9 @@ def _two_parallel(comp_us: float, xfer_us: float):
 def test_replay_matches_processor_sharing(comp, xfer, comp_end, xfer_end):
     """With loss 1/3 (1.5 cores wanted on 1), fluid processor sharing gives these ends."""
     g = _two_parallel(comp, xfer)
-    s = replay(g, np.array([True, False]), np.array([False, True]), 1 / 3)
+    s = simulate_contended(g, np.array([True, False]), np.array([False, True]), 1 / 3)
     assert s.end[0] == pytest.approx(comp_end, rel=2e-3) and s.end[1] == pytest.approx(xfer_end, rel=2e-3)
-    plain = replay(g, np.array([True, False]), np.array([False, True]), 0.0)
+    plain = simulate_contended(g, np.array([True, False]), np.array([False, True]), 0.0)
     assert plain.end.tolist() == [comp, xfer]
 
 

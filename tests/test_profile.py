@@ -85,7 +85,7 @@ def test_steps_after_the_window_are_timed(profiled):
         assert len(after) == 3 and all(w > 0 for w in after)
         assert measured_overhead(nt) is not None  # 1 settled call: the warm-up's pace
         # CPU over the same calls: the process's, the training thread's (which does the
-        # computation: one intra-op thread) and so the collectives' (dpro.optimizer.contention)
+        # computation: one intra-op thread) and so the collectives' (dpro.replayer.cpu_contention)
         cpu, after_cpu = nt.meta["cpu"], nt.meta["cpu_after_us"]
         assert cpu["threads"] == 1 and cpu["cores"] >= 1 and after_cpu["calls"] == 3
         assert 0 < after_cpu["thread"] < after_cpu["process"] <= cpu["cores"] * sum(after) * 1.05

@@ -5,7 +5,7 @@ The job is benchmarks/search_speed.py's synthetic ResNet-50 (161 gradient tensor
 tensor in gradient-ready order, MXNet's placement rule, S servers, N workers, alpha 500 µs
 per message and 1 GB/s ports (the order of this VM's capped runs), server updates
 ``300 µs + 0.4 ns/B``. The search replays every distinct bound at flow level
-(dpro/optimizer/fluid.py); this prints its time and one replay's.
+(dpro/replayer/port_sharing.py); this prints its time and one replay's.
 
     python benchmarks/optimize/ps_search_speed.py [--workers 16] [--servers 8] [--json]
 """

@@ -15,7 +15,7 @@ The graph (symmetry: every worker is the representative one, so one is enough):
   unsplit home is server h goes to server ``(h + p) mod S``; a push on this worker's
   connection to that server, the server's update (``update_alpha + update_beta *
   bytes/k`` on its CPU), then a pull. The messages are replayed at flow level
-  (:mod:`dpro.optimizer.fluid`): one at a time per connection, ``alpha`` each, their bytes
+  (:mod:`dpro.replayer.port_sharing`): one at a time per connection, ``alpha`` each, their bytes
   sharing the worker's port and at most 1/N of the server's.
 
 Partial replay: :func:`sync_time` replays only a group's communication subgraph.
@@ -29,12 +29,12 @@ import numpy as np
 
 from dpro.graph.comm_model import ring_steps
 from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
-from dpro.optimizer import contention, fluid
-from dpro.optimizer.fluid import PULL, PUSH, Flow
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.ps import piece_server
 from dpro.optimizer.strategy import Strategy
+from dpro.replayer.cpu_contention import simulate_contended
 from dpro.replayer.engine import Schedule, simulate
+from dpro.replayer.port_sharing import PULL, PUSH, Flow, simulate_port_sharing
 
 KIND_COMP, KIND_IN, KIND_XFER, KIND_OUT = 0, 1, 2, 3
 
@@ -54,7 +54,7 @@ class BuiltGraph:
     group: np.ndarray  #: group index (sync nodes) or -1
     ops: list[tuple[str, ...]]  #: computation op ids per node (empty for sync nodes)
     node_of_op: dict[str, int]
-    #: PS messages (:mod:`dpro.optimizer.fluid`) by node; None: every node on its FIFO device
+    #: PS messages (:mod:`dpro.replayer.port_sharing`) by node; None: every node on its FIFO device
     flows: dict[int, Flow] | None = None
 
 
@@ -68,7 +68,7 @@ def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list
 
     Ring AllReduce: 2(N-1) steps on the ``link``. Parameter server (``home``: the group's
     server): push -> the server's update -> pull, the push and pull messages on this
-    worker's connection to the piece's server (:mod:`dpro.optimizer.fluid` shares the ports
+    worker's connection to the piece's server (:mod:`dpro.replayer.port_sharing` shares the ports
     among them; their duration is what one takes alone)."""
     n, lc = max(1, model.world_size), model.link
     if model.scheme != "ps":
@@ -389,23 +389,23 @@ def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, device
     return BuiltGraph(g, np.array([kind[h] for h in keep]), np.array([group[h] for h in keep]), nops, node_of_op)
 
 
-def replay(model: JobModel, built: BuiltGraph) -> Schedule:
+def schedule_of(model: JobModel, built: BuiltGraph) -> Schedule:
     """Replay ``built``; in a CPU-only job whose collectives take CPU from its computation
     (``model.cpu``), with host ops and transfers slowed while they overlap
-    (:mod:`dpro.optimizer.contention`)."""
+    (:mod:`dpro.replayer.cpu_contention`)."""
     g = built.graph
     if built.flows:
-        return fluid.simulate(g, built.flows, model.link.alpha, model.link.beta, model.world_size)
+        return simulate_port_sharing(g, built.flows, model.link.alpha, model.link.beta, model.world_size)
     loss = model.cpu.loss if model.cpu is not None else 0.0
     if loss <= 0:
         return simulate(g)
     host = np.array([d.startswith("cpu") for d in g.devices], dtype=bool)[g.device]
-    return contention.replay(g, (built.kind == KIND_COMP) & host, built.kind == KIND_XFER, loss)
+    return simulate_contended(g, (built.kind == KIND_COMP) & host, built.kind == KIND_XFER, loss)
 
 
 def iteration_us(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> float:
     """Predicted iteration time of ``strategy`` (µs)."""
-    return replay(model, build(model, strategy, coarsen=coarsen)).makespan
+    return schedule_of(model, build(model, strategy, coarsen=coarsen)).makespan
 
 
 def sync_time(model: JobModel, nbytes: int, k: int) -> float:
@@ -421,7 +421,7 @@ def sync_time(model: JobModel, nbytes: int, k: int) -> float:
     one = JobModel(ops={}, edges=[], units=[Unit("t", nbytes, [], [])], baseline_groups=[],
                    world_size=model.world_size, scheme=model.scheme, library=model.library,
                    framework=model.framework, link=model.link, launch_us=model.launch_us, servers=model.servers)
-    t = model.sync_cache[key] = replay(one, build(one, Strategy(((0,),), (k,)))).makespan
+    t = model.sync_cache[key] = schedule_of(one, build(one, Strategy(((0,),), (k,)))).makespan
     return t
 
 
@@ -445,7 +445,7 @@ def analyse(model: JobModel, strategy: Strategy) -> Analysis:
 
     built = build(model, strategy)
     g = built.graph
-    sched = replay(model, built)
+    sched = schedule_of(model, built)
     n = g.n
     src, dst = g.edges()
     order = np.lexsort((sched.end, sched.start))

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from dpro.errors import DproInputError
-from dpro.optimizer.evaluate import analyse, build, replay
+from dpro.optimizer.evaluate import analyse, build, schedule_of
 from dpro.optimizer.memory import strategy_memory
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.strategy import Strategy
@@ -57,7 +57,7 @@ class CannotFit(DproInputError):
 
 def evaluate_memory(model: JobModel, st: Strategy, changes: tuple[str, ...] = ()) -> MemoryChoice:
     built = build(model, st)
-    sched = replay(model, built)
+    sched = schedule_of(model, built)
     return MemoryChoice(st, sched.makespan, strategy_memory(model, st, built, sched).peak_bytes, changes)
 
 

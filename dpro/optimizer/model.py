@@ -29,7 +29,7 @@ from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
 from dpro.optimizer import horovod_profile as hvd_profile
 from dpro.graph.intervals import overlap, union_length
-from dpro.optimizer.contention import CpuShare, measured_share
+from dpro.replayer.cpu_contention import CpuShare, measured_share
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
 from dpro.optimizer.ps import PsLayout, fit_server_link, fit_update
 from dpro.optimizer.ps import base_name as ps_base
@@ -92,7 +92,7 @@ class JobModel:
     worker: str = ""
     #: every worker's computation per step (own time + host gaps, µs), by name
     loads: dict[str, float] = field(default_factory=dict)
-    #: CPU contention between computation and collectives (dpro.optimizer.contention), if measured
+    #: CPU contention between computation and collectives (dpro.replayer.cpu_contention), if measured
     cpu: CpuShare | None = None
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
     memory: dict | None = None
@@ -327,7 +327,7 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
 
 def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dict[str, CompOp],
                 link: LinkCost) -> tuple[CpuShare | None, LinkCost, list[str]]:
-    """The rank's CPU share (dpro.optimizer.contention) and, where its collectives took CPU
+    """The rank's CPU share (dpro.replayer.cpu_contention) and, where its collectives took CPU
     from its computation, the ops' own times and the link cost without that contention.
 
     Per typical step, each host op's overlap with the collectives (and each collective's

@@ -31,7 +31,7 @@ from dpro.graph.compiled import CompiledGraph
 from dpro.graph.intervals import overlap
 from dpro.replayer.engine import Schedule, simulate
 
-#: fixed-point rounds of :func:`replay`
+#: fixed-point rounds of :func:`simulate_contended`
 ROUNDS = 10
 
 
@@ -50,7 +50,7 @@ class CpuShare:
         return max(0.0, 1.0 - self.cores / (min(self.threads, self.cores) + self.kappa))
 
 
-def replay(g: CompiledGraph, comp: np.ndarray, comm: np.ndarray, loss: float) -> Schedule:
+def simulate_contended(g: CompiledGraph, comp: np.ndarray, comm: np.ndarray, loss: float) -> Schedule:
     """Replay ``g`` with the ``comp`` and ``comm`` nodes (boolean masks) slowed by ``loss``
     while they overlap each other (a fixed point, :data:`ROUNDS` rounds)."""
     sched = simulate(g)
