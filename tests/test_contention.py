@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dpro.graph.compiled import compile_graph
-from dpro.gtrace.schema import NodeTrace
 from dpro.graph.intervals import overlap, union_length
+from dpro.gtrace.schema import NodeTrace
 from dpro.replayer.cpu_contention import CpuShare, measured_share, simulate_contended
 
 
@@ -32,8 +32,9 @@ def test_loss(share, loss):
 
 def _two_parallel(comp_us: float, xfer_us: float):
     """One host op and one transfer, independent: the two overlap from time 0."""
-    return compile_graph(["comp", "xfer"], [comp_us, xfer_us], [0.0, 0.0], [0, 0], [0, 1], [0.0, 0.0], [], [],
-                         ["cpu", "link"], np.zeros(2, dtype=np.int64), ["worker"], np.array([False, True]))
+    return compile_graph(names=["comp", "xfer"], dur=[comp_us, xfer_us], cat=[0, 0], device=[0, 1], prio=[0.0, 0.0],
+                         src=[], dst=[], devices=["cpu", "link"], device_owner=np.zeros(2, dtype=np.int64),
+                         owners=["worker"], device_is_comm=np.array([False, True]))
 
 
 @pytest.mark.parametrize("comp,xfer,comp_end,xfer_end", [

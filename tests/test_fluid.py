@@ -9,10 +9,11 @@ from dpro.replayer.port_sharing import PULL, PUSH, Flow, simulate_port_sharing
 
 def _graph(devs: list[str], durs: list[float], edges: list[tuple[int, int]], dev_names: list[str]):
     n = len(devs)
-    return compile_graph([f"op{i}" for i in range(n)], np.array(durs, float), np.zeros(n), [CAT_CODE["COMM"]] * n,
-                         [dev_names.index(d) for d in devs], np.arange(n, dtype=float), [a for a, _ in edges],
-                         [b for _, b in edges], dev_names, np.zeros(len(dev_names), dtype=np.int64), ["w"],
-                         np.ones(len(dev_names), dtype=bool))
+    return compile_graph(names=[f"op{i}" for i in range(n)], dur=np.array(durs, float), cat=[CAT_CODE["COMM"]] * n,
+                         device=[dev_names.index(d) for d in devs], prio=np.arange(n, dtype=float),
+                         src=[a for a, _ in edges], dst=[b for _, b in edges], devices=dev_names,
+                         device_owner=np.zeros(len(dev_names), dtype=np.int64), owners=["w"],
+                         device_is_comm=np.ones(len(dev_names), dtype=bool))
 
 
 def test_messages_to_different_servers_share_the_port():

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 
 from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
-from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
+from dpro.graph.builder import GraphBuilder
+from dpro.graph.compiled import CompiledGraph
 from dpro.graph.intervals import busy_periods
 from dpro.graph.overhead import measured_overhead, scale_overhead
 from dpro.graph.stats import OpStats, node_stats
@@ -51,57 +52,6 @@ class BuildInfo:
     expanded: int = 0
     kept_coarse: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-class GraphBuilder:
-    """Accumulates ops and edges, then compiles them."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.dur: list[float] = []
-        self.gap: list[float] = []
-        self.cat: list[int] = []
-        self.device: list[int] = []
-        self.prio: list[float] = []
-        self.src: list[int] = []
-        self.dst: list[int] = []
-        self.devices: list[str] = []
-        self.dev_index: dict[str, int] = {}
-        self.device_owner: list[int] = []
-        self.device_is_comm: list[bool] = []
-        self.owners: list[str] = []
-        self.owner_index: dict[str, int] = {}
-
-    def dev(self, name: str, owner: str, is_comm: bool) -> int:
-        d = self.dev_index.get(name)
-        if d is None:
-            if owner not in self.owner_index:
-                self.owner_index[owner] = len(self.owners)
-                self.owners.append(owner)
-            d = self.dev_index[name] = len(self.devices)
-            self.devices.append(name)
-            self.device_owner.append(self.owner_index[owner])
-            self.device_is_comm.append(is_comm)
-        return d
-
-    def op(self, name: str, dur: float, gap: float, cat: str, device: int, prio: float) -> int:
-        self.names.append(name)
-        self.dur.append(dur + gap)
-        self.gap.append(gap)
-        self.cat.append(CAT_CODE[cat])
-        self.device.append(device)
-        self.prio.append(prio)
-        return len(self.names) - 1
-
-    def edge(self, a: int, b: int) -> None:
-        self.src.append(a)
-        self.dst.append(b)
-
-    def compile(self, meta: dict | None = None) -> CompiledGraph:
-        return compile_graph(
-            self.names, self.dur, self.gap, self.cat, self.device, self.prio, self.src, self.dst,
-            self.devices, self.device_owner, self.owners, self.device_is_comm, meta,
-        )
 
 
 def _collective_busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]],
@@ -203,19 +153,19 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         non_comm = {op.device for op in nt.ops.values() if op.cat != "COMM"}
         for op in nt.ops.values():
             s = st[op.id]
-            d = b.dev(f"{name}/{op.device}", name, op.device not in non_comm)
+            d = b.add_device(f"{name}/{op.device}", owner=name, is_comm=op.device not in non_comm)
             if op.txn in expand:
-                i_in = b.op(f"{name}/{op.id}:IN", 0.0, s.gap, "COMM", d, s.offset)
-                i_out = b.op(f"{name}/{op.id}:OUT", 0.0, 0.0, "COMM", d, s.offset)
+                i_in = b.add_op(f"{name}/{op.id}:IN", dur=0.0, gap=s.gap, cat="COMM", device=d, prio=s.offset)
+                i_out = b.add_op(f"{name}/{op.id}:OUT", dur=0.0, cat="COMM", device=d, prio=s.offset)
                 idx[(name, op.id)], ends[(name, op.id)] = i_in, i_out
             else:
                 # A consumer (RECV, PUSH_RES, PULL_RES) whose producer is in the trace waits for it
                 # through a cross-node edge; its local gap would count that wait a second time.
                 gap = 0.0 if (name, op.id) in paired_consumers else s.gap
-                i = b.op(f"{name}/{op.id}", s.dur, gap, op.cat, d, s.offset)
+                i = b.add_op(f"{name}/{op.id}", dur=s.dur, gap=gap, cat=op.cat, device=d, prio=s.offset)
                 idx[(name, op.id)] = ends[(name, op.id)] = i
         for u, v in nt.edges:
-            b.edge(ends[(name, u)], idx[(name, v)])
+            b.add_edge(ends[(name, u)], idx[(name, v)])
 
     # Ring AllReduce expansion.
     for txn in sorted(expand):
@@ -232,24 +182,24 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
             for j, r in enumerate(ranks):
                 nxt = ranks[(j + 1) % n]
                 node = by_rank[r][0]
-                d = b.dev(f"link:{r}->{nxt}", node, True)
-                i = b.op(f"{txn}/ring{s}/{r}->{nxt}", step_dur, 0.0, "COMM", d, prio)
+                d = b.add_device(f"link:{r}->{nxt}", owner=node, is_comm=True)
+                i = b.add_op(f"{txn}/ring{s}/{r}->{nxt}", dur=step_dur, cat="COMM", device=d, prio=prio)
                 if s == 0:
-                    b.edge(idx[by_rank[r]], i)
-                    b.edge(idx[by_rank[nxt]], i)
+                    b.add_edge(idx[by_rank[r]], i)
+                    b.add_edge(idx[by_rank[nxt]], i)
                 else:
-                    b.edge(prev[j - 1], i)  # the chunk received from the previous rank
-                    b.edge(prev[j], i)
+                    b.add_edge(prev[j - 1], i)  # the chunk received from the previous rank
+                    b.add_edge(prev[j], i)
                 cur.append(i)
             prev = cur
         for j, r in enumerate(ranks):
-            b.edge(prev[j - 1], ends[by_rank[r]])
-            b.edge(prev[j], ends[by_rank[r]])
+            b.add_edge(prev[j - 1], ends[by_rank[r]])
+            b.add_edge(prev[j], ends[by_rank[r]])
         info.expanded += 1
     info.kept_coarse = len(groups) - len(expand)
 
     for producer, consumer in pairs:
-        b.edge(ends[producer], idx[consumer])
+        b.add_edge(ends[producer], idx[consumer])
 
     g = b.compile({"link_cost": cost})
     return g, info

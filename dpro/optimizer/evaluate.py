@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpro.graph.comm_model import ring_steps
-from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
-from dpro.optimizer.model import JobModel
+from dpro.graph.builder import GraphBuilder
+from dpro.graph.compiled import CompiledGraph, compile_graph
+from dpro.optimizer.blocks import block
+from dpro.optimizer.model import JobModel, Unit
 from dpro.optimizer.ps import piece_server
 from dpro.optimizer.strategy import Strategy
 from dpro.replayer.cpu_contention import simulate_contended
@@ -88,38 +90,36 @@ def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list
     return out
 
 
+class WorkerGraphBuilder(GraphBuilder):
+    """The builder of one worker's graph: every device is the worker's, and each node also
+    records what it stands for (kind, group, computation ops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kind: list[int] = []
+        self.group: list[int] = []
+        self.ops: list[tuple[str, ...]] = []
+
+    def add_node(self, name: str, *, dur: float, cat: str, device: str, prio: float, kind: int, group: int,
+                 ops: tuple[str, ...] = ()) -> int:
+        """Add a node of ``dur`` µs (no separate host gap) on the worker's device ``device``."""
+        d = self.add_device(device, owner="worker", is_comm=device == "comm" or device.startswith(("link", "server")))
+        self.kind.append(kind)
+        self.group.append(group)
+        self.ops.append(ops)
+        return self.add_op(name, dur=dur, cat=cat, device=d, prio=prio)
+
+    def copy_node(self, i: int, j: int, shift: float) -> int:
+        """A copy of node ``i`` for micro-batch ``j``, ``shift`` earlier."""
+        self.kind.append(self.kind[i])
+        self.group.append(self.group[i])
+        self.ops.append(tuple(f"{o}{MB_SEP}{j}" for o in self.ops[i]))
+        return self.copy_op(i, name=f"{self.names[i]}{MB_SEP}{j}", prio=self.prio[i] - shift)
+
+
 def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> BuiltGraph:
     """The replayable graph of ``strategy`` applied to ``model``."""
-    names: list[str] = []
-    dur: list[float] = []
-    cat: list[int] = []
-    device: list[int] = []
-    prio: list[float] = []
-    kind: list[int] = []
-    group: list[int] = []
-    opsof: list[tuple[str, ...]] = []
-    devices: list[str] = []
-    dev_index: dict[str, int] = {}
-    src: list[int] = []
-    dst: list[int] = []
-
-    def dev(name: str) -> int:
-        if name not in dev_index:
-            dev_index[name] = len(devices)
-            devices.append(name)
-        return dev_index[name]
-
-    def node(name: str, d: float, c: str, dv: str, p: float, k: int, g: int, ops: tuple[str, ...] = ()) -> int:
-        names.append(name)
-        dur.append(d)
-        cat.append(CAT_CODE[c])
-        device.append(dev(dv))
-        prio.append(p)
-        kind.append(k)
-        group.append(g)
-        opsof.append(ops)
-        return len(names) - 1
-
+    b = WorkerGraphBuilder()
     node_of_op: dict[str, int] = {}
     flows: dict[int, Flow] = {}
     mb = max(1, strategy.accum)
@@ -137,34 +137,27 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
 
     for f in strategy.fusions:
         first = model.ops[f.ops[0]]
-        i = node("+".join(f.ops), comp_dur(f.ops, f.dur), first.cat, first.device, first.prio, KIND_COMP, -1, f.ops)
+        i = b.add_node("+".join(f.ops), dur=comp_dur(f.ops, f.dur), cat=first.cat, device=first.device,
+                       prio=first.prio, kind=KIND_COMP, group=-1, ops=f.ops)
         for o in f.ops:
             node_of_op[o] = i
     scale = {sc.op: sc.time for sc in strategy.scales}
     for op in model.ops.values():
         if op.id not in node_of_op:
             own = op.dur * scale.get(op.id, 1.0)
-            node_of_op[op.id] = node(op.id, comp_dur((op.id,), own + op.gap), op.cat, op.device, op.prio,
-                                     KIND_COMP, -1, (op.id,))
-    comp_edges = {(node_of_op[a], node_of_op[b]) for a, b in model.edges if node_of_op[a] != node_of_op[b]}
+            node_of_op[op.id] = b.add_node(op.id, dur=comp_dur((op.id,), own + op.gap), cat=op.cat, device=op.device,
+                                           prio=op.prio, kind=KIND_COMP, group=-1, ops=(op.id,))
+    comp_edges = {(node_of_op[x], node_of_op[y]) for x, y in model.edges if node_of_op[x] != node_of_op[y]}
     for name in strategy.recompute:
-        comp_edges |= _recompute_node(model, name, node_of_op, comp_edges, mb, node)
+        comp_edges |= _recompute_node(model, name, node_of_op, comp_edges, mb, b)
     if mb > 1:
-        def clone(i: int, j: int, shift: float) -> int:
-            names.append(f"{names[i]}{MB_SEP}{j}")
-            for lst in (dur, cat, device, kind, group):
-                lst.append(lst[i])
-            prio.append(prio[i] - shift)
-            opsof.append(tuple(f"{o}{MB_SEP}{j}" for o in opsof[i]))
-            return len(names) - 1
-
-        micro = [i for i, ops in enumerate(opsof) if ops[0].startswith(RECOMPUTE_PREFIX) or ops[0] in in_mb]
+        prio = b.prio
+        micro = [i for i, ops in enumerate(b.ops) if ops[0].startswith(RECOMPUTE_PREFIX) or ops[0] in in_mb]
         lo, hi = min(prio[i] for i in micro), max(prio[i] for i in micro)
-        skip = {i for i in range(len(names)) if lo <= prio[i] <= hi} - set(micro)
-        comp_edges |= _micro_batches(micro, skip, mb, comp_edges, max(prio) - min(prio) + 1.0, clone)
-    for a, b in sorted(comp_edges):
-        src.append(a)
-        dst.append(b)
+        skip = {i for i in range(b.n) if lo <= prio[i] <= hi} - set(micro)
+        comp_edges |= _micro_batch_copies(micro, skip, mb, comp_edges, max(prio) - min(prio) + 1.0, b.copy_node)
+    for x, y in sorted(comp_edges):
+        b.add_edge(x, y)
 
     anc = _ancestors(model)
     reach = 0  # ops that must end before some group launched so far can launch
@@ -175,35 +168,33 @@ def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> Buil
                 reach |= anc[r]
         k = strategy.partitions[g]
         nbytes = float(sum(model.units[u].bytes for u in members))
-        i_in = node(f"group{g}:IN", model.launch_us, "COMM", "comm", g, KIND_IN, g)
-        i_out = node(f"group{g}:OUT", 0.0, "COMM", "comm", g + 0.5, KIND_OUT, g)
+        i_in = b.add_node(f"group{g}:IN", dur=model.launch_us, cat="COMM", device="comm", prio=g, kind=KIND_IN, group=g)
+        i_out = b.add_node(f"group{g}:OUT", dur=0.0, cat="COMM", device="comm", prio=g + 0.5, kind=KIND_OUT, group=g)
         for u in members:
             for r in model.units[u].ready:
-                src.append(node_of_op[r]); dst.append(i_in)
+                b.add_edge(node_of_op[r], i_in)
             for c in model.units[u].consumers:
                 # A wait recorded inside the backward pass (e.g. CPU contention with the
                 # collective) cannot survive a grouping that launches after that op.
                 if not (reach >> model.op_index[c]) & 1:
-                    src.append(i_out); dst.append(node_of_op[c])
+                    b.add_edge(i_out, node_of_op[c])
         if prev_in >= 0:
-            src.append(prev_in); dst.append(i_in)
+            b.add_edge(prev_in, i_in)
         prev_in = i_in
         home = model.ps.home[members[0]] if model.ps is not None else 0
         for p, chain in enumerate(_piece_chains(model, nbytes, k, home)):
             last = i_in
             for dv, t, label, flow in chain:
-                i = node(f"group{g}:{label}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
-                src.append(last); dst.append(i)
+                i = b.add_node(f"group{g}:{label}", dur=t, cat="COMM", device=dv, prio=g + p / (k + 1),
+                               kind=KIND_XFER, group=g)
+                b.add_edge(last, i)
                 last = i
                 if flow is not None:
                     flows[i] = flow
-            src.append(last); dst.append(i_out)
-    owner = np.zeros(len(devices), dtype=np.int64)
-    is_comm = np.array([d == "comm" or d.startswith(("link", "server")) for d in devices], dtype=bool)
+            b.add_edge(last, i_out)
     if coarsen and not flows:
-        return _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm)
-    g = compile_graph(names, dur, np.zeros(len(names)), cat, device, prio, src, dst, devices, owner, ["worker"], is_comm)
-    return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op, flows or None)
+        return _coarsen(b)
+    return BuiltGraph(b.compile(), np.array(b.kind), np.array(b.group), b.ops, node_of_op, flows or None)
 
 
 def micro_ops(model: JobModel) -> frozenset[str]:
@@ -235,30 +226,29 @@ def micro_own_us(model: JobModel, ops: tuple[str, ...], k: int) -> float:
 
 
 def _recompute_node(model: JobModel, name: str, node_of_op: dict[str, int], edges: set[tuple[int, int]], k: int,
-                    node) -> set[tuple[int, int]]:
+                    b: WorkerGraphBuilder) -> set[tuple[int, int]]:
     """Add the node that reruns block ``name``'s forward before its backward; its edges.
 
     It waits for what the block's first backward op waits for and every backward op of
     the block waits for it (acyclic: that op is the earliest of the block's backward)."""
-    from dpro.optimizer.blocks import block
-
-    b = block(model, name)
-    if not b.fw or not b.bw:
+    blk = block(model, name)
+    if not blk.fw or not blk.bw:
         return set()
-    fw = model.ops[b.fw[0]]
-    d = sum(model.ops[o].gap for o in b.fw) + (micro_own_us(model, b.fw, k) if k > 1 else
-                                               sum(model.ops[o].dur for o in b.fw))
-    first_bw = model.ops[b.bw[0]]
-    r = node(RECOMPUTE_PREFIX + name, d, "BW", fw.device, first_bw.prio - 1e-3, KIND_COMP, -1, (RECOMPUTE_PREFIX + name,))
-    bw_nodes = {node_of_op[o] for o in b.bw}
-    head = node_of_op[b.bw[0]]
+    fw = model.ops[blk.fw[0]]
+    d = sum(model.ops[o].gap for o in blk.fw) + (micro_own_us(model, blk.fw, k) if k > 1 else
+                                                 sum(model.ops[o].dur for o in blk.fw))
+    first_bw = model.ops[blk.bw[0]]
+    r = b.add_node(RECOMPUTE_PREFIX + name, dur=d, cat="BW", device=fw.device, prio=first_bw.prio - 1e-3, kind=KIND_COMP,
+                   group=-1, ops=(RECOMPUTE_PREFIX + name,))
+    bw_nodes = {node_of_op[o] for o in blk.bw}
+    head = node_of_op[blk.bw[0]]
     out = {(a, r) for a, c in edges if c == head and a not in bw_nodes}
     out |= {(r, c) for c in bw_nodes}
     return out
 
 
-def _micro_batches(micro: list[int], skip: set[int], k: int, edges: set[tuple[int, int]], span: float,
-                   clone) -> set[tuple[int, int]]:
+def _micro_batch_copies(micro: list[int], skip: set[int], k: int, edges: set[tuple[int, int]], span: float,
+                        clone) -> set[tuple[int, int]]:
     """Gradient accumulation: copies of the forward/backward nodes ``micro`` for micro-batches 1..k-1.
 
     The existing nodes are the last micro-batch (its backward launches the
@@ -301,39 +291,6 @@ def _micro_batches(micro: list[int], skip: set[int], k: int, edges: set[tuple[in
     return out
 
 
-def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:
-    """The same strategy with every worker in the graph (no symmetry): N copies of the
-    worker, and each ring step on rank r also waiting for the previous rank's step (the
-    chunk it receives), as the replayer's global DFG does. With identical workers it
-    replays to the same iteration time as :func:`build` (tested); it exists to measure
-    what the symmetry saves (benchmarks/search_speed.py)."""
-    built = build(model, strategy)
-    one, is_x = built.graph, built.kind == KIND_XFER
-    n, world = one.n, max(1, model.world_size)
-    src, dst = one.edges()
-    names, dur, cat, dev, prio = [], [], [], [], []
-    devices: list[str] = [f"w{r}/{d}" for r in range(world) for d in one.devices]
-    nd = len(one.devices)
-    for r in range(world):
-        names += [f"w{r}/{x}" for x in one.names]
-        dur.append(one.dur)
-        cat.append(one.cat)
-        dev.append(one.device + r * nd)
-        prio.append(one.prio)
-    s_all, d_all = [], []
-    cross = is_x[dst] | (is_x[src] & ~is_x[dst])  # into a ring step, or from the last step into OUT
-    for r in range(world):
-        s_all.append(src + r * n)
-        d_all.append(dst + r * n)
-        prev = (r - 1) % world
-        s_all.append(src[cross] + prev * n)
-        d_all.append(dst[cross] + r * n)
-    owner = np.repeat(np.arange(world), nd)
-    return compile_graph(names, np.concatenate(dur), np.zeros(n * world), np.concatenate(cat), np.concatenate(dev),
-                         np.concatenate(prio), np.concatenate(s_all), np.concatenate(d_all), devices, owner,
-                         [f"w{r}" for r in range(world)], np.tile(one.device_is_comm, world))
-
-
 def _ancestors(model: JobModel) -> dict[str, int]:
     """Per op, a bit set (over ``model.op_index``) of the op and its ancestors."""
     if model.ancestors is None:
@@ -350,10 +307,13 @@ def _ancestors(model: JobModel) -> dict[str, int]:
     return model.ancestors
 
 
-def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm) -> BuiltGraph:
+def _coarsen(wg: WorkerGraphBuilder) -> BuiltGraph:
     """Contract chains u -> v of computation ops on one device where u's only successor is v
     and v's only predecessor is u: the chain replays exactly as one op (the paper's
     coarsened view). Sync nodes are never contracted."""
+    names, dur, cat, device, prio, kind, group, opsof = (
+        wg.names, wg.dur, wg.cat, wg.device, wg.prio, wg.kind, wg.group, wg.ops)
+    src, dst = wg.src, wg.dst
     n = len(names)
     outs = [[] for _ in range(n)]
     ins = [[] for _ in range(n)]
@@ -383,8 +343,9 @@ def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, device
     es = {(new[head[a]], new[head[b]]) for a, b in zip(src, dst) if head[a] != head[b]}
     s2 = [a for a, _ in es]
     d2 = [b for _, b in es]
-    g = compile_graph([names[h] for h in keep], ndur, np.zeros(len(keep)), [cat[h] for h in keep],
-                      [device[h] for h in keep], [prio[h] for h in keep], s2, d2, devices, owner, ["worker"], is_comm)
+    g = compile_graph(names=[names[h] for h in keep], dur=ndur, cat=[cat[h] for h in keep],
+                      device=[device[h] for h in keep], prio=[prio[h] for h in keep], src=s2, dst=d2,
+                      devices=wg.devices, device_owner=wg.device_owner, owners=wg.owners, device_is_comm=wg.device_is_comm)
     node_of_op = {o: i for i, ops in enumerate(nops) for o in ops}
     return BuiltGraph(g, np.array([kind[h] for h in keep]), np.array([group[h] for h in keep]), nops, node_of_op)
 
@@ -416,8 +377,6 @@ def sync_time(model: JobModel, nbytes: int, k: int) -> float:
     hit = model.sync_cache.get(key)
     if hit is not None:
         return hit
-    from dpro.optimizer.model import Unit
-
     one = JobModel(ops={}, edges=[], units=[Unit("t", nbytes, [], [])], baseline_groups=[],
                    world_size=model.world_size, scheme=model.scheme, library=model.library,
                    framework=model.framework, link=model.link, launch_us=model.launch_us, servers=model.servers)
