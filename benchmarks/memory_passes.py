@@ -106,7 +106,7 @@ def run_case(name: str, work: Path, repeats: int = 2) -> dict:
 
         changed = compiled_model_strategy(jm)
     elif amp:
-        from dpro.passes.base import PassContext
+        from dpro.optimizer.passes.base import PassContext
         from dpro.passes.mixed_precision import MixedPrecision
 
         changed = changed.with_scales(MixedPrecision().scales(PassContext(jm, changed, None)))  # type: ignore[arg-type]

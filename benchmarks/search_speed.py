@@ -31,7 +31,7 @@ from dpro.optimizer.model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import baselines
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.registry import builtin_passes
+from dpro.optimizer.passes.registry import builtin_passes
 from dpro.replayer.engine import simulate
 
 

@@ -23,8 +23,8 @@ from dpro.optimizer.blocks import blocks
 from dpro.optimizer.memory_search import CannotFit, evaluate_memory, fit_memory
 from dpro.optimizer.model import CompOp, JobModel, Unit
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.grad_accumulation import GradientAccumulation
-from dpro.passes.recomputation import Recomputation
+from dpro.optimizer.passes.grad_accumulation import GradientAccumulation
+from dpro.optimizer.passes.recomputation import Recomputation
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -142,7 +142,7 @@ def test_checkpointed_module_gives_the_same_gradients():
 
 
 def test_mixed_precision_by_hand(tmp_path, monkeypatch):
-    from dpro.passes.base import PassContext
+    from dpro.optimizer.passes.base import PassContext
     from dpro.passes.mixed_precision import MixedPrecision, load_factors, op_class
 
     assert op_class("aten::linear") == "matmul" and op_class("autograd::engine::evaluate_function: AddmmBackward0") == "matmul"
@@ -262,7 +262,7 @@ def test_cli_memory_budget(transformer_trace, tmp_path):
 # ---------------------------------------------------------------- op fusion priced by torch.compile
 
 def test_fused_duration_uses_the_smallest_measured_module():
-    from dpro.passes.op_fusion import fused_duration, measured_module
+    from dpro.optimizer.passes.op_fusion import fused_duration, measured_module
 
     m = small_model()
     m.ops["f1"].gap = 2.0
@@ -277,7 +277,7 @@ def test_fused_duration_uses_the_smallest_measured_module():
 def test_modules_to_compile_hold_each_fusion():
     """Compiling each op's own layer cannot fuse across layers: compile.json names the
     deepest module around each fusion, and only the outermost of those."""
-    from dpro.passes.op_fusion import enclosing_module, outermost
+    from dpro.optimizer.passes.op_fusion import enclosing_module, outermost
 
     m = small_model()
     assert enclosing_module(m, ("f1", "f2")) == "blk"

@@ -22,11 +22,11 @@ from dpro.optimizer.optimize import ddp_strategy, optimize
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import fused_tensor_gain_after_op_fusion, op_fusion_gain, tensor_fusion_gain
-from dpro.passes.base import Candidate, GraphPass, PassContext, register
-from dpro.passes.op_fusion import OpFusion
-from dpro.passes.registry import default_registry, passes_in_module
-from dpro.passes.tensor_fusion import TensorFusion
-from dpro.passes.tensor_partition import TensorPartition, best_partition
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext, register
+from dpro.optimizer.passes.op_fusion import OpFusion
+from dpro.optimizer.passes.registry import default_registry, passes_in_module
+from dpro.optimizer.passes.tensor_fusion import TensorFusion
+from dpro.optimizer.passes.tensor_partition import TensorPartition, best_partition
 from dpro.replayer.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]

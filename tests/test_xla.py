@@ -19,8 +19,8 @@ from dpro.optimizer.output import strategy_files
 from dpro.optimizer.search import SearchResult
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.xla import fused_us, region, xla_fusion, xla_strategy
-from dpro.passes.base import PassContext
-from dpro.passes.op_fusion import OpFusion
+from dpro.optimizer.passes.base import PassContext
+from dpro.optimizer.passes.op_fusion import OpFusion
 
 
 def tf_job(ops: list[tuple[str, str, float, float]], units: list[Unit], *, ratio: float | None = 0.5,

@@ -17,7 +17,7 @@ from dpro.optimizer.evaluate import analyse, build, schedule_of
 from dpro.optimizer.memory import strategy_memory
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)

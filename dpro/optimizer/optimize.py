@@ -19,8 +19,8 @@ from dpro.optimizer.model import JobModel, job_model
 from dpro.optimizer.search import SearchResult, search
 from dpro.optimizer.strategy import OpScale, Strategy
 from dpro.optimizer.xla import xla_fusion, xla_strategy
-from dpro.passes.base import GraphPass
-from dpro.passes.registry import default_registry
+from dpro.optimizer.passes.base import GraphPass
+from dpro.optimizer.passes.registry import default_registry
 from dpro.progress import Tick, _noop
 from dpro.replayer.replay import ReplayResult
 

@@ -175,7 +175,7 @@ def _compile_plan(res: OptimizeResult) -> tuple[list[str], bool]:
     """The modules to compile for the best strategy's op fusions, and whether every fusion
     was priced by measurement: the measured modules they were priced by (``""``: the whole
     model), else the smallest module around each fusion."""
-    from dpro.passes.op_fusion import enclosing_module, measured_module, outermost
+    from dpro.optimizer.passes.op_fusion import enclosing_module, measured_module, outermost
 
     m, fusions = res.model, res.best.strategy.fusions
     measured = {measured_module(m, f.ops) for f in fusions}

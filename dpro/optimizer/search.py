@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from dpro.optimizer.evaluate import analyse, iteration_us
 from dpro.optimizer.model import JobModel
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)

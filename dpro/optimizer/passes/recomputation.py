@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from dpro.optimizer.blocks import blocks
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 
 
 class Recomputation(GraphPass):

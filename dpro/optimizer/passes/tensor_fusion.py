@@ -7,7 +7,7 @@ import numpy as np
 from dpro.optimizer.evaluate import KIND_IN, KIND_XFER, sync_time
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import tensor_fusion_gain
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 
 
 def group_times(ctx: PassContext) -> dict[int, tuple[float, float, float]]:

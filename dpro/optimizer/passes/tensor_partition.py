@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dpro.optimizer.evaluate import sync_time
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 
 
 def best_partition(model, nbytes: int, max_pieces: int = 16) -> tuple[int, float]:

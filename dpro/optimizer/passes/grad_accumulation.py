@@ -11,7 +11,7 @@ the first micro-batch and accumulated in place after.
 from __future__ import annotations
 
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 
 #: micro-batches per step tried (the batch must divide by k: the strategy says so)
 FACTORS = (2, 4, 8)
