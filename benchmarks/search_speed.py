@@ -27,7 +27,7 @@ import numpy as np
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.compiled import CompiledGraph, compile_graph
 from dpro.optimizer.evaluate import KIND_XFER, build, iteration_us
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import baselines
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy

@@ -87,7 +87,7 @@ def test_trace_is_taken_back_to_uncontended_times(facts):
     from dpro.graph.comm_model import LinkCost
     from dpro.gtrace.schema import GTrace, Manifest
     from dpro.optimizer.evaluate import iteration_us
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
     from dpro.optimizer.strategy import Strategy
 
     cpu = {"cpu": {"cores": 2, "threads": 1}, "cpu_after_us": {"process": 400.0, "thread": 250.0, "calls": 10}}
@@ -113,7 +113,7 @@ def test_representative_worker_agrees_best_with_the_full_replay():
     kept (dpro.optimizer.optimize.representative)."""
     from dpro.gtrace.schema import GTrace, Manifest
     from dpro.optimizer.evaluate import iteration_us
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
     from dpro.optimizer.optimize import representative
     from dpro.optimizer.strategy import Strategy
     from dpro.replayer.replay import replay as full_replay
@@ -141,7 +141,7 @@ def test_no_term_for_horovod():
     thread is not the collectives', so the facts are not used."""
     from dpro.graph.comm_model import LinkCost
     from dpro.gtrace.schema import GTrace, Manifest
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
 
     cpu = {"cpu": {"cores": 2, "threads": 1}, "cpu_after_us": {"process": 400.0, "thread": 250.0, "calls": 10}}
     ws = [_worker(r, cpu) for r in (0, 1)]

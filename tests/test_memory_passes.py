@@ -20,8 +20,8 @@ from dpro.cli import cli
 from dpro.graph.comm_model import LinkCost
 from dpro.optimizer.apply import memory_settings, split_batch
 from dpro.optimizer.blocks import blocks
-from dpro.optimizer.memory_search import CannotFit, evaluate_memory, fit_memory
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.memory.fit import CannotFit, evaluate_memory, fit_memory
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.passes.grad_accumulation import GradientAccumulation
 from dpro.optimizer.passes.recomputation import Recomputation
@@ -200,7 +200,7 @@ def _measured_peak(config: str, extra: list[str], out: Path) -> int:
 
 def _model_of(traces: Path) -> JobModel:
     from dpro.gtrace.io import load_gtrace
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
     from dpro.replayer.replay import replay
 
     gt = load_gtrace(traces)
@@ -289,7 +289,7 @@ def test_modules_to_compile_hold_each_fusion():
 
 
 def test_compile_facts_take_the_median_over_ranks():
-    from dpro.optimizer.model import _compile_facts
+    from dpro.optimizer.job_model import _compile_facts
 
     ranks = [{"": {"class": "M", "eager_us": 100.0, "compiled_us": 141.0}, "blk": {"eager_us": 10, "compiled_us": 5}},
              {"": {"class": "M", "eager_us": 100.0, "compiled_us": 117.0}, "blk": {"eager_us": 0, "compiled_us": 5}},

@@ -17,7 +17,7 @@ from dpro.gtrace.schema import NodeInfo, NodeTrace
 from dpro.loader import open_trace
 from dpro.optimizer import libraries as lib
 from dpro.optimizer.evaluate import analyse, iteration_us, sync_time
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import ddp_strategy, optimize
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
@@ -175,7 +175,7 @@ def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
     """fw 10 -> b1 10 -> b2 1 -> upd, gradients ready at 20 and 21 µs, 1 µs per byte: with 1 ms
     cycles Horovod would fuse them, but the job as profiled (recorded: no fusion setting)
     sent them apart, and that is what its defaults did there."""
-    from dpro.optimizer.horovod_profile import ran_defaults
+    from dpro.optimizer.horovod import ran_defaults
     from dpro.optimizer.optimize import horovod_default
 
     m = two_grads(alpha=5, b2_dur=1)
@@ -195,9 +195,9 @@ def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
 def test_horovod_job_as_profiled_is_a_step_s_grouping():
     """Horovod fused a, b, c as 1, 3 and 2 groups in steps 1-3: the job as profiled is the
     step with the median count (step 3); a step whose groups miss a unit gives None."""
-    from dpro.optimizer.horovod_profile import step_grouping
+    from dpro.optimizer.horovod import step_grouping
 
-    units = [Unit(n, 100, [], []) for n in "abc"]
+    units = list("abc")
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
     g = lambda *ts: {"tensors": list(ts)}  # noqa: E731
     nt.meta = {"horovod": {"groups": {"1": [g("c", "b", "a")], "2": [g("c"), g("b"), g("a")],
@@ -229,7 +229,7 @@ def test_horovod_link_prices_the_spans_by_bytes():
     and 2; step 3 is not typical, and a malformed entry is skipped. The byte-weighted median
     is the large group's 1.5 µs/B; the latency stays the replay's; the excess per atom is
     the median over the steps."""
-    from dpro.optimizer.horovod_profile import excess_by_atom, link_cost
+    from dpro.optimizer.horovod import excess_by_atom, link_cost
 
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
     g = lambda a, b, t, x: {"atoms": [a], "bytes": b, "start_us": 0.0, "end_us": t, "excess_us": x}  # noqa: E731

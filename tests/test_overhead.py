@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dpro.gtrace.schema import NodeInfo, NodeTrace
-from dpro.optimizer.model import CompOp, _remove_overhead
+from dpro.optimizer.job_model import CompOp, remove_host_overhead
 from dpro.graph.overhead import Overhead, job_overhead, measured_overhead
 
 
@@ -48,12 +48,12 @@ def test_calls_after_the_window_are_the_settled_pace():
 def test_overhead_scales_the_host_side_ops():
     ops = {"a": CompOp("a", "a", "FW", "cpu:main", 10.0, 1.0, 0.0), "b": CompOp("b", "b", "BW", "cpu:main", 10.0, 8.0, 1.0),
            "k": CompOp("k", "k", "FW", "cuda:0", 50.0, 0.0, 2.0)}  # a GPU kernel pays no host-side overhead
-    notes = _remove_overhead(Overhead(100.0, 110.0), ops)  # 110 -> 100 µs per step: x 10/11
+    notes = remove_host_overhead(Overhead(100.0, 110.0), ops)  # 110 -> 100 µs per step: x 10/11
     assert (ops["a"].gap, ops["a"].dur) == pytest.approx((10 / 11, 100 / 11))
     assert (ops["b"].gap, ops["b"].dur) == pytest.approx((80 / 11, 100 / 11))
     assert (ops["k"].gap, ops["k"].dur) == (0.0, 50.0)
     assert notes and "+10.0%" in notes[0] and "0.909" in notes[0]
-    assert _remove_overhead(Overhead(100.0, 90.0), ops) == []  # profiled faster: nothing to remove
+    assert remove_host_overhead(Overhead(100.0, 90.0), ops) == []  # profiled faster: nothing to remove
 
 
 def test_replay_without_the_overhead_by_hand():

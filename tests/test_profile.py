@@ -94,7 +94,7 @@ def test_steps_after_the_window_are_timed(profiled):
 def test_contention_measured_on_the_real_job(profiled):
     """The optimizer's CPU share of a rank, from the real job: on loopback gloo's threads
     keep a good part of a core busy while a collective runs (measured here: 0.6-0.8)."""
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
 
     res = replay(load_gtrace(profiled))
     m = job_model(load_gtrace(profiled), res.build.link_cost, res.steps)

@@ -13,7 +13,7 @@ from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.optimizer.apply import xla_jit_compile
 from dpro.optimizer.evaluate import analyse, iteration_us
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import XLA_BASELINE, OptimizeResult, _keep_graph_unless_xla_gains, baselines, realize
 from dpro.optimizer.output import strategy_files
 from dpro.optimizer.search import SearchResult

@@ -16,9 +16,8 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-
-from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
 from dpro.graph.builder import GraphBuilder
+from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
 from dpro.graph.compiled import CompiledGraph
 from dpro.graph.intervals import busy_periods
 from dpro.graph.overhead import measured_overhead, scale_overhead

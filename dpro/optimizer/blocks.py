@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ The graph (symmetry: every worker is the representative one, so one is enough):
 * AllReduce transfer: each of the group's k pieces is a chain of 2(N-1) ring steps of
   ``alpha + beta * bytes/(k N)`` on the ``link`` device (by symmetry the link out of this
   worker behaves like every other link);
-* parameter server (``scheme == "ps"``, :mod:`dpro.optimizer.ps`): piece p of a group whose
+* parameter server (``scheme == "ps"``, :mod:`dpro.optimizer.ps.layout`): piece p of a group whose
   unsplit home is server h goes to server ``(h + p) mod S``; a push on this worker's
   connection to that server, the server's update (``update_alpha + update_beta *
   bytes/k`` on its CPU), then a pull. The messages are replayed at flow level
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpro.graph.comm_model import ring_steps
 from dpro.graph.builder import GraphBuilder
+from dpro.graph.comm_model import ring_steps
 from dpro.graph.compiled import CompiledGraph, compile_graph
 from dpro.optimizer.blocks import block
-from dpro.optimizer.model import JobModel, Unit
-from dpro.optimizer.ps import piece_server
+from dpro.optimizer.job_model import JobModel, Unit
+from dpro.optimizer.ps.layout import piece_server
 from dpro.optimizer.strategy import Strategy
 from dpro.replayer.cpu_contention import simulate_contended
 from dpro.replayer.engine import Schedule, simulate
@@ -212,7 +212,7 @@ def micro_ops(model: JobModel) -> frozenset[str]:
 def micro_own_us(model: JobModel, ops: tuple[str, ...], k: int) -> float:
     """Own time of ``ops`` on 1/k of the batch: interpolated per op between the two
     measured batch sizes when the model has a trace at a smaller batch
-    (:func:`dpro.optimizer.micro.attach_micro_trace`), else 1/k of the full-batch time."""
+    (:func:`dpro.optimizer.memory.micro_batch.attach_micro_trace`), else 1/k of the full-batch time."""
     if model.micro is None:
         return sum(model.ops[o].dur for o in ops) / k
     r, small = model.micro

@@ -9,7 +9,7 @@
 * Horovod: a background cycle (``HOROVOD_CYCLE_TIME``) fuses the tensors that became ready
   since the last cycle, up to ``HOROVOD_FUSION_THRESHOLD`` bytes per fused buffer.
 * MXNet kvstore (``dist_*``): an array of at least ``MXNET_KVSTORE_BIGARRAY_BOUND``
-  elements is split evenly across all servers (:mod:`dpro.optimizer.ps`).
+  elements is split evenly across all servers (:mod:`dpro.optimizer.ps.layout`).
 """
 
 from __future__ import annotations

@@ -12,15 +12,15 @@ from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
-from dpro.optimizer import ps_search
 from dpro.optimizer.evaluate import analyse, iteration_us
-from dpro.optimizer.memory_search import MemoryFit, evaluate_memory, fit_memory
-from dpro.optimizer.model import JobModel, job_model
+from dpro.optimizer.job_model import JobModel, job_model
+from dpro.optimizer.memory.fit import MemoryFit, evaluate_memory, fit_memory
+from dpro.optimizer.passes.base import GraphPass
+from dpro.optimizer.passes.registry import default_registry
+from dpro.optimizer.ps import bound_search
 from dpro.optimizer.search import SearchResult, search
 from dpro.optimizer.strategy import OpScale, Strategy
 from dpro.optimizer.xla import xla_fusion, xla_strategy
-from dpro.optimizer.passes.base import GraphPass
-from dpro.optimizer.passes.registry import default_registry
 from dpro.progress import Tick, _noop
 from dpro.replayer.replay import ReplayResult
 
@@ -121,7 +121,7 @@ def horovod_default(model: JobModel) -> Strategy:
 def baselines(model: JobModel) -> dict[str, Strategy]:
     """The strategies to beat: the job as profiled, no fusion, fuse everything, library defaults."""
     if model.ps is not None:
-        return ps_search.baselines(model)
+        return bound_search.bound_baselines(model)
     n = len(model.units)
     out = {
         "job as profiled": Strategy.as_profiled(model),
@@ -214,14 +214,14 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
                 "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr),
                 "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
     if model.ps is not None:
-        bound = ps_search.bound_of(model, best)
-        default = ps_search.with_bound(model, lib.MXNET_DEFAULT_BOUND)
+        bound = bound_search.bound_of(model, best)
+        default = bound_search.with_bound(model, lib.MXNET_DEFAULT_BOUND)
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if bound is None or t_best > t_default * (1 - MIN_GAIN):
-            out.append(Realized(ps_search.LIBRARY, {ps_search.ENV: lib.MXNET_DEFAULT_BOUND, "keep_default": True},
+            out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: lib.MXNET_DEFAULT_BOUND, "keep_default": True},
                                 default, t_default))
         else:
-            out.append(Realized(ps_search.LIBRARY, {ps_search.ENV: bound, "split": [
+            out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: bound, "split": [
                 model.units[g[0]].name for g, k in zip(best.groups, best.partitions) if k > 1]}, best, t_best))
     return out
 
@@ -267,7 +267,7 @@ def _keep_graph_unless_xla_gains(model: JobModel, results: list[SearchResult]) -
 def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy) -> int:
     """How many more collectives per step ``best`` sends than Horovod's ``default`` on a
     Horovod job (0 otherwise). Their cost is not in the model (the link's latency is only
-    the least the fused collectives allow: :func:`dpro.optimizer.horovod_profile.link_cost`), and
+    the least the fused collectives allow: :func:`dpro.optimizer.horovod.link_cost`), and
     every such setting measured slower than predicted: no fusion 1-43 %, and on the TF
     transformer a 9-group split of a job that ran 2-5 groups per step was predicted 4.3 %
     faster and ran 4.8 % slower. So a Horovod default is not traded for more collectives."""
@@ -279,7 +279,7 @@ def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy)
 def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bool = False) -> list[str]:
     """A warning when ``best`` sends more messages per step than ``start`` and the link's
     per-message latency was not measurable (one collective shape in the profile) or, for
-    Horovod, is only the uncontended lower bound (:func:`dpro.optimizer.horovod_profile.link_cost`)."""
+    Horovod, is only the uncontended lower bound (:func:`dpro.optimizer.horovod.link_cost`)."""
     more = sum(best.partitions) - sum(start.partitions)
     if more <= 0 or (link.latency_known and not horovod):
         return []
@@ -300,11 +300,11 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     """Search a faster strategy for the profiled job ``gt``.
 
     With ``memory_budget`` (bytes) the job is first made to fit (Algorithm 1, step 1:
-    :func:`dpro.optimizer.memory_search.fit_memory` with ``memory_passes``, default every
+    :func:`dpro.optimizer.memory.fit.fit_memory` with ``memory_passes``, default every
     ``kind = "memory"`` pass); the throughput search keeps those memory settings.
-    Raises :class:`~dpro.optimizer.memory_search.CannotFit` when nothing fits.
+    Raises :class:`~dpro.optimizer.memory.fit.CannotFit` when nothing fits.
     ``micro_trace``: the same job profiled at a smaller batch, for the micro-batch op
-    times of gradient accumulation (:mod:`dpro.optimizer.micro`)."""
+    times of gradient accumulation (:mod:`dpro.optimizer.memory.micro_batch`)."""
     from dpro.replayer.replay import replay
 
     t0 = time.perf_counter()
@@ -317,7 +317,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     r = replay(gt, BuildOptions(), align_clocks=False)
     model = representative(gt, r)
     if micro_trace is not None:
-        from dpro.optimizer.micro import attach_micro_trace
+        from dpro.optimizer.memory.micro_batch import attach_micro_trace
 
         model.notes += attach_micro_trace(model, gt, micro_trace)
     reg = default_registry()
@@ -337,7 +337,7 @@ def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: l
     if model.ps is not None:  # MXNet's one setting: searched exhaustively
         if pass_names:
             model.notes.append("--passes is not used for parameter-server jobs (only the key split is searched)")
-        results = ps_search.search(model, tick=tick)
+        results = bound_search.search_bounds(model, tick=tick)
     else:
         results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
     results = _keep_graph_unless_xla_gains(model, results)

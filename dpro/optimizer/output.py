@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpro.jsonio import check_writable_dir, dump_json, write_dir_atomically
-from dpro.optimizer.memory_search import fmt_bytes
+from dpro.optimizer.memory.fit import fmt_bytes
 from dpro.optimizer.optimize import MIN_GAIN, OptimizeResult
 
 

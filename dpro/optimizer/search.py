@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from dpro.optimizer.evaluate import analyse, iteration_us
-from dpro.optimizer.model import JobModel
-from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.strategy import Strategy
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)

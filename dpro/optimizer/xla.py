@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dpro.optimizer import libraries as lib
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.strategy import FusedOp, Strategy
 
 REGION_CATS = ("FW", "BW")

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dpro.optimizer.evaluate import KIND_COMP, KIND_IN, sync_time
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import fused_tensor_gain_after_op_fusion, op_fusion_gain
-from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 
 FUSIBLE = ("FW", "BW", "UPDATE")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from dpro.optimizer.evaluate import KIND_IN, KIND_XFER, sync_time
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import tensor_fusion_gain
-from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 
 
 def group_times(ctx: PassContext) -> dict[int, tuple[float, float, float]]:

@@ -10,8 +10,8 @@ over all servers' links.
 from __future__ import annotations
 
 from dpro.optimizer.evaluate import sync_time
-from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.strategy import Strategy
 
 
 def best_partition(model, nbytes: int, max_pieces: int = 16) -> tuple[int, float]:

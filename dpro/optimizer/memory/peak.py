@@ -26,7 +26,7 @@ from collections import defaultdict
 
 from dpro.optimizer.blocks import block
 from dpro.optimizer.evaluate import MB_SEP, RECOMPUTE_PREFIX, BuiltGraph, micro_ops
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.strategy import Strategy
 from dpro.replayer.engine import Schedule
 from dpro.replayer.memory import MemoryEstimate, estimate_record

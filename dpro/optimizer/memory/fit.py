@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from dpro.errors import DproInputError
 from dpro.optimizer.evaluate import analyse, build, schedule_of
-from dpro.optimizer.memory import strategy_memory
-from dpro.optimizer.model import JobModel
-from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.job_model import JobModel
+from dpro.optimizer.memory.peak import strategy_memory
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.strategy import Strategy
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)

@@ -25,17 +25,18 @@ import numpy as np
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost, ring_steps
 from dpro.graph.global_dfg import ACCELERATORS
+from dpro.graph.intervals import overlap, union_length
+from dpro.graph.overhead import Overhead, measured_overhead, scale_overhead
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.optimizer import horovod_profile as hvd_profile
-from dpro.graph.intervals import overlap, union_length
-from dpro.replayer.cpu_contention import CpuShare, measured_share
+from dpro.optimizer import horovod
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
-from dpro.optimizer.ps import PsLayout, fit_server_link, fit_update
-from dpro.optimizer.ps import base_name as ps_base
-from dpro.optimizer.ps import layout as ps_layout
-from dpro.optimizer.ps import server_of as ps_server_of
-from dpro.graph.overhead import Overhead, measured_overhead, scale_overhead
+from dpro.optimizer.ps.costs import fit_server_link, fit_update
+from dpro.optimizer.ps.layout import PsLayout
+from dpro.optimizer.ps.layout import base_name as ps_base
+from dpro.optimizer.ps.layout import layout as ps_layout
+from dpro.optimizer.ps.layout import server_of as ps_server_of
+from dpro.replayer.cpu_contention import CpuShare, measured_share
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +100,9 @@ class JobModel:
     #: module -> {"eager_us", "compiled_us"} measured by the recorder (``--measure-compile``)
     compile: dict[str, dict] | None = None
     #: (batch fraction r, op -> own time µs at r) from a trace at a smaller batch
-    #: (:func:`dpro.optimizer.micro.attach_micro_trace`), for gradient accumulation
+    #: (:func:`dpro.optimizer.memory.micro_batch.attach_micro_trace`), for gradient accumulation
     micro: tuple[float, dict[str, float]] | None = None
-    #: parameter server: keys, sizes, home servers, update cost (dpro.optimizer.ps)
+    #: parameter server: keys, sizes, home servers, update cost (dpro.optimizer.ps.layout)
     ps: PsLayout | None = None
     #: pieces per baseline group as profiled (None: 1 each)
     baseline_partitions: list[int] | None = None
@@ -167,7 +168,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
                                     "with its size recorded on every rank of its group")
     if gt.manifest.library == "horovod":
-        link = hvd_profile.link_cost(workers[0], gt.manifest.world_size, steps, link)
+        link = horovod.link_cost(workers[0], gt.manifest.world_size, steps, link)
     per_rank = [node_stats(nt, steps) for nt in workers]
     # By default the slowest worker stands for all: a synchronous job runs at its straggler's pace.
     load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
@@ -194,7 +195,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     notes += cnotes
     overhead = measured_overhead(rep) if remove_overhead else None
     if overhead is not None:
-        notes += _remove_overhead(overhead, ops)
+        notes += remove_host_overhead(overhead, ops)
 
     comm = [op for op in rep.ops.values() if op.cat == "COMM"]
     preds: dict[str, list[str]] = defaultdict(list)
@@ -206,8 +207,8 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     comm.sort(key=lambda o: (st0[o.id].offset if o.id in st0 else 0.0, o.id))
     # a PS worker launches pushes; its pulls wait on the servers, not on the host
     # (a Horovod collective's recorded gap also holds its excess over the uncontended ring
-    # cost, which the optimizer's link fit already charges to its duration: hvd_profile.link_cost)
-    excess = hvd_profile.excess_by_atom(rep, steps) if gt.manifest.library == "horovod" else {}
+    # cost, which the optimizer's link fit already charges to its duration: horovod.link_cost)
+    excess = horovod.excess_by_atom(rep, steps) if gt.manifest.library == "horovod" else {}
     launch = [max(0.0, st0[o.id].gap - excess.get(o.id, 0.0))
               for o in comm if o.id in st0 and st0[o.id].samples and (not ps or o.sub_op == "PUSH_REQ")]
 
@@ -222,7 +223,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     else:
         units, groups = _collective_units(rep, comm, ops, preds, succs)
         if gt.manifest.library == "horovod":
-            groups = hvd_profile.step_grouping(rep, units, steps) or groups
+            groups = horovod.step_grouping(rep, [u.name for u in units], steps) or groups
     if not units:
         raise DproInputError(where, "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
     return JobModel(
@@ -233,7 +234,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
         compile=_compile_facts([w.meta.get("compile") for w in workers]), cpu=cpu, worker=rep.info.name,
         loads=dict(zip(names, load)), ps=layout, baseline_partitions=partitions,
-        horovod_defaults_profiled=gt.manifest.library == "horovod" and hvd_profile.ran_defaults(rep),
+        horovod_defaults_profiled=gt.manifest.library == "horovod" and horovod.ran_defaults(rep),
     )
 
 
@@ -376,7 +377,7 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
         f"back per step)"]
 
 
-def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
+def remove_host_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
     """Scale the host-side ops' gaps and own times by the recorder's unprofiled/profiled
     step ratio (dpro.graph.overhead.scale_overhead). Returns a note (nothing when
     nothing changed)."""
