@@ -12,7 +12,7 @@ For each case:
    :func:`dpro.optimizer.memory.fit.evaluate_memory`, the numbers ``dpro optimize
    --memory-budget`` decides with;
 2. the job **with the change applied for real** (``torch.utils.checkpoint`` on the blocks /
-   ``no_sync()`` accumulation, as ``dpro.optimizer.apply`` does / forward and loss under
+   ``no_sync()`` accumulation, as ``dpro.apply`` does / forward and loss under
    ``torch.autocast("cpu", dtype=torch.bfloat16)``) runs twice without dpro:
    once under torch.profiler with ``profile_memory=True`` (the measured peak, rebuilt
    from the allocator's events as in benchmarks/memory_fidelity.py), once timed with

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from dpro.cli import cli
 from dpro.graph.comm_model import LinkCost
-from dpro.optimizer.apply import memory_settings, split_batch
+from dpro.apply import memory_settings, split_batch
 from dpro.optimizer.blocks import blocks
 from dpro.optimizer.memory.fit import CannotFit, evaluate_memory, fit_memory
 from dpro.optimizer.job_model import CompOp, JobModel, Unit
@@ -123,7 +123,7 @@ def test_memory_settings_files(tmp_path):
 
 def test_checkpointed_module_gives_the_same_gradients():
     torch = pytest.importorskip("torch")
-    from dpro.optimizer.apply import checkpoint_modules
+    from dpro.apply import checkpoint_modules
 
     def grads(ckpt: bool) -> list:
         torch.manual_seed(0)
@@ -328,7 +328,7 @@ def test_compile_modules_compiles_torch_own_modules(tmp_path):
     torch = pytest.importorskip("torch")
     from torch._dynamo.utils import counters
 
-    from dpro.optimizer.apply import compile_modules
+    from dpro.apply import compile_modules
 
     torch._dynamo.reset()
     counters.clear()

@@ -359,7 +359,7 @@ def test_optimize_cli_writes_strategy_files(tmp_path):
 
 def test_apply_reads_strategy_files(tmp_path):
     from dpro.errors import DproInputError
-    from dpro.optimizer.apply import ddp_kwargs, horovod_env, horovod_groups
+    from dpro.apply import ddp_kwargs, horovod_env, horovod_groups
 
     (tmp_path / "ddp.json").write_text('{"bucket_cap_mb": 7.5}')
     assert ddp_kwargs(tmp_path) == {"bucket_cap_mb": 7.5}

@@ -14,7 +14,7 @@ from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.gtrace.io import load_gtrace
 from dpro.optimizer.ps import bound_search
-from dpro.optimizer.apply import mxnet_env
+from dpro.apply import mxnet_env
 from dpro.optimizer.evaluate import iteration_us
 from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.ps.layout import PsLayout, mxnet_home, piece_server

@@ -11,7 +11,7 @@ import pytest
 
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
-from dpro.optimizer.apply import xla_jit_compile
+from dpro.apply import xla_jit_compile
 from dpro.optimizer.evaluate import analyse, iteration_us
 from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import XLA_BASELINE, OptimizeResult, _keep_graph_unless_xla_gains, baselines, realize

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpro.contracts import strategy_files as sf
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
 from dpro.gtrace.schema import GTrace
@@ -189,13 +190,13 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
             st = Strategy(tuple(tuple(g) for g in groups), (1,) * len(groups), recompute=best.recompute, accum=best.accum)
             t = iteration_us(model, st)
             if best_r is None or t < best_r.iteration_us * (1 - 1e-3):
-                best_r = Realized("pytorch-ddp", {"bucket_cap_mb": cap / lib.MiB, "bucket_cap_bytes": cap,
+                best_r = Realized("pytorch-ddp", {sf.BUCKET_CAP_MB: cap / lib.MiB, "bucket_cap_bytes": cap,
                                                   "buckets": [[model.units[u].name for u in g] for g in groups]}, st, t)
         default = ddp_strategy(model, None).with_memory(best.recompute, best.accum)
         t_default = iteration_us(model, default)
         if best_r is not None and best_r.iteration_us > t_default * (1 - MIN_GAIN):
             best_r = Realized("pytorch-ddp", {
-                "bucket_cap_mb": None, "keep_default": True,
+                sf.BUCKET_CAP_MB: None, sf.KEEP_DEFAULT: True,
                 "buckets": [[model.units[u].name for u in g] for g in default.groups]}, default, t_default)
         if best_r is not None:
             out.append(best_r)
@@ -205,20 +206,20 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if t_best > t_default * (1 - MIN_GAIN) or more_horovod_collectives(model, default, best) > 0:
             out.append(Realized("horovod", {
-                "groups": None, "keep_default": True, "HOROVOD_FUSION_THRESHOLD": lib.HOROVOD_DEFAULT_THRESHOLD,
-                "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, default, t_default))
+                sf.GROUPS: None, sf.KEEP_DEFAULT: True, sf.HOROVOD_FUSION_THRESHOLD: lib.HOROVOD_DEFAULT_THRESHOLD,
+                sf.HOROVOD_CYCLE_TIME: lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, default, t_default))
         else:
             groups = [[model.units[u].name for u in g] for g in best.groups]
             thr = max(best.group_bytes(model, i) for i in range(len(best.groups)))
             out.append(Realized("horovod", {
-                "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr),
-                "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
+                sf.GROUPS: groups, sf.HOROVOD_FUSION_THRESHOLD: int(thr),
+                sf.HOROVOD_CYCLE_TIME: lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
     if model.ps is not None:
         bound = bound_search.bound_of(model, best)
         default = bound_search.with_bound(model, lib.MXNET_DEFAULT_BOUND)
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if bound is None or t_best > t_default * (1 - MIN_GAIN):
-            out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: lib.MXNET_DEFAULT_BOUND, "keep_default": True},
+            out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: lib.MXNET_DEFAULT_BOUND, sf.KEEP_DEFAULT: True},
                                 default, t_default))
         else:
             out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: bound, "split": [
@@ -285,7 +286,7 @@ def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bo
         return []
     why = ("Horovod's per-collective latency is taken as the least its fused collectives allow "
            f"({link.alpha:.0f} us per ring step; no fusion on TF jobs measured 13-43 % slower than so predicted), "
-           "so Horovod's default is kept (horovod.json)"
+           f"so Horovod's default is kept ({sf.HOROVOD_JSON})"
            if link.latency_known else
            "every collective in the profile has the same shape, so the link's per-message latency could not be "
            "measured and is taken as 0")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from dpro.contracts import strategy_files as sf
 from dpro.optimizer.evaluate import iteration_us
 from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
@@ -20,7 +21,7 @@ from dpro.optimizer.strategy import Strategy
 from dpro.progress import Tick, _noop
 
 LIBRARY = "mxnet-kvstore"
-ENV = "MXNET_KVSTORE_BIGARRAY_BOUND"
+ENV = sf.MXNET_KVSTORE_BIGARRAY_BOUND
 #: bounds predicted within this fraction of the fastest count as equally fast
 SAME_WITHIN = 0.01
 
