@@ -27,7 +27,7 @@ from dpro.graph.comm_model import LinkCost, ring_steps
 from dpro.graph.global_dfg import ACCELERATORS
 from dpro.graph.intervals import overlap, union_length
 from dpro.graph.overhead import Overhead, measured_overhead, scale_overhead
-from dpro.graph.stats import node_stats, typical_steps
+from dpro.graph.stats import OpStats, node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
 from dpro.optimizer import horovod
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
@@ -140,7 +140,8 @@ class JobModel:
 
 
 def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None, *,
-              remove_overhead: bool = True, worker: str | None = None) -> JobModel:
+              remove_overhead: bool = True, worker: str | None = None,
+              stats: dict[str, dict[str, OpStats]] | None = None) -> JobModel:
     """Extract the optimizer's model from a (clock-aligned) gTrace.
 
     ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
@@ -149,6 +150,8 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     out of the host-side ops, so that predictions are of the job as it runs unprofiled.
     ``worker`` names the worker that stands for all (default: the slowest;
     :func:`dpro.optimizer.optimize.optimize` picks by agreement with the full replay).
+    ``stats``: the workers' op statistics over ``steps`` (``{node name: node_stats(nt,
+    steps)}``), where the caller has them (they are not changed); computed here otherwise.
     """
     where = gt.source or gt.manifest.meta.get("source") or "<trace>"
     ps = gt.manifest.scheme == "ps"
@@ -169,7 +172,11 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
                                     "with its size recorded on every rank of its group")
     if gt.manifest.library == "horovod":
         link = horovod.link_cost(workers[0], gt.manifest.world_size, steps, link)
-    per_rank = [node_stats(nt, steps) for nt in workers]
+    if stats is None:
+        per_rank = [node_stats(nt, steps) for nt in workers]
+    else:
+        key = {id(nt): name for name, nt in gt.nodes.items()}
+        per_rank = [stats[key[id(nt)]] for nt in workers]
     # By default the slowest worker stands for all: a synchronous job runs at its straggler's pace.
     load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
     names = [w.info.name for w in workers]

@@ -11,6 +11,7 @@ import numpy as np
 from dpro.contracts import strategy_files as sf
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
+from dpro.graph.stats import OpStats, node_stats
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
 from dpro.optimizer.evaluate import analyse, iteration_us
@@ -227,7 +228,7 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
     return out
 
 
-def representative(gt: GTrace, r: ReplayResult) -> JobModel:
+def representative(gt: GTrace, r: ReplayResult, stats: dict[str, dict[str, OpStats]] | None = None) -> JobModel:
     """The one-worker model whose worker best stands for all.
 
     A synchronous job runs at its slowest worker's pace, but not at the pace of that worker
@@ -235,16 +236,19 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
     computation, which the full replay (every worker, every link) reproduces and the
     one-worker model cannot. So the slowest, the fastest and the median worker by
     computation are tried, and the one whose model of the job as profiled is closest to the
-    full replay (both without the profiling overhead) stands for all."""
+    full replay (both without the profiling overhead) stands for all. ``stats``: the
+    workers' op statistics over ``r.steps``, where the caller has them (:func:`job_model`)."""
     link, steps = r.build.link_cost, r.steps
-    first = job_model(gt, link, steps)
+    if stats is None:
+        stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items() if nt.info.role == "worker"}
+    first = job_model(gt, link, steps, stats=stats)
     if len(first.loads) < 2:
         return first
     loads = sorted((v, k) for k, v in first.loads.items())
     picks = dict.fromkeys([loads[-1][1], loads[0][1], loads[len(loads) // 2][1]])
     best, best_gap = first, None
     for name in picks:
-        m = first if name == first.worker else job_model(gt, link, steps, worker=name)
+        m = first if name == first.worker else job_model(gt, link, steps, worker=name, stats=stats)
         ov = m.overhead
         expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
         gap = abs(iteration_us(m, Strategy.as_profiled(m)) - expect)
@@ -294,50 +298,59 @@ def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bo
             f"so its predicted gain is an upper bound (docs/optimizer.md, Limits)"]
 
 
-def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
-             budget_s: float = 30.0, align_clocks: bool = True, memory_budget: int | None = None,
-             memory_passes: list[GraphPass] | None = None, micro_trace: GTrace | None = None,
-             tick: Tick = _noop) -> OptimizeResult:
+def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, dict[str, OpStats]] | None = None,
+             passes: list[GraphPass] | None = None, budget_s: float = 30.0, align_clocks: bool = True,
+             memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
+             micro_trace: GTrace | None = None, tick: Tick = _noop) -> OptimizeResult:
     """Search a faster strategy for the profiled job ``gt``.
 
+    ``base``: the replay of ``gt`` where the caller has it (``gt`` then already on one
+    clock): ``gt`` is neither aligned (``align_clocks``) nor replayed again. ``stats``: the
+    workers' op statistics over ``base.steps`` (``{node name: node_stats(nt, steps)}``),
+    where the caller has them; computed once here otherwise. ``passes``: the throughput
+    passes to search with (default: the default registry's, built here only then).
     With ``memory_budget`` (bytes) the job is first made to fit (Algorithm 1, step 1:
     :func:`dpro.optimizer.memory.fit.fit_memory` with ``memory_passes``, default every
     ``kind = "memory"`` pass); the throughput search keeps those memory settings.
     Raises :class:`~dpro.optimizer.memory.fit.CannotFit` when nothing fits.
     ``micro_trace``: the same job profiled at a smaller batch, for the micro-batch op
     times of gradient accumulation (:mod:`dpro.optimizer.memory.micro_batch`)."""
-    from dpro.replayer.replay import replay
-
     t0 = time.perf_counter()
-    if align_clocks:
-        from dpro.alignment import align, apply_offsets
+    if base is None:
+        from dpro.replayer.replay import replay
 
-        al = align(gt)
-        if al.status != "trivial":
-            gt = apply_offsets(gt, al.offsets_us)
-    r = replay(gt, BuildOptions(), align_clocks=False)
-    model = representative(gt, r)
+        if align_clocks:
+            from dpro.alignment import align, apply_offsets
+
+            al = align(gt)
+            if al.status != "trivial":
+                gt = apply_offsets(gt, al.offsets_us)
+        base = replay(gt, BuildOptions(), align_clocks=False)
+    r = base
+    if stats is None:
+        stats = {name: node_stats(nt, r.steps) for name, nt in gt.nodes.items() if nt.info.role == "worker"}
+    model = representative(gt, r, stats)
     if micro_trace is not None:
         from dpro.optimizer.memory.micro_batch import attach_micro_trace
 
         model.notes += attach_micro_trace(model, gt, micro_trace)
-    reg = default_registry()
+    reg = None
     if passes is None:
-        passes = reg.select(pass_names) if pass_names else [p for p in reg if p.kind == "throughput"]
+        reg = default_registry()
+        passes = [p for p in reg if p.kind == "throughput"]
     passes = [p for p in passes if p.kind != "memory"]
     start = Strategy.as_profiled(model)
     fit = None
     if memory_budget is not None and model.ps is not None:
         model.notes.append("--memory-budget is not searched for parameter-server jobs (only the key split is)")
     elif memory_budget is not None:
-        mem_passes = memory_passes if memory_passes is not None else [p for p in reg if p.kind == "memory"]
-        fit = fit_memory(model, int(memory_budget), mem_passes, start, tick=tick)
+        if memory_passes is None:
+            memory_passes = [p for p in (reg or default_registry()) if p.kind == "memory"]
+        fit = fit_memory(model, int(memory_budget), memory_passes, start, tick=tick)
     mem = fit.chosen.strategy if fit is not None else start
     bl = baselines(model)
     base = {name: iteration_us(model, st) for name, st in bl.items()}
     if model.ps is not None:  # MXNet's one setting: searched exhaustively
-        if pass_names:
-            model.notes.append("--passes is not used for parameter-server jobs (only the key split is searched)")
         results = bound_search.search_bounds(model, tick=tick)
     else:
         results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
