@@ -95,6 +95,8 @@ def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]
 
 @dataclass(frozen=True)
 class MemorySettings:
+    """``memory.json``: modules to checkpoint and micro-batches per step."""
+
     checkpoint_modules: tuple[str, ...] = ()
     accumulation_steps: int = 1
 

@@ -156,7 +156,7 @@ def test_ddp_buckets_match_torch():
 
 def test_horovod_cycles():
     # ready at 0.1, 0.5, 1.2, 1.3 ms; 1 ms cycles; threshold 250 B
-    assert lib.horovod_groups([100, 500, 1200, 1300], [100, 100, 100, 200], threshold=250, cycle_us=1000) == [[0, 1], [2], [3]]
+    assert lib.horovod_cycle_groups([100, 500, 1200, 1300], [100, 100, 100, 200], threshold=250, cycle_us=1000) == [[0, 1], [2], [3]]
 
 
 def test_horovod_cycles_wait_for_the_running_buffer():
@@ -164,11 +164,11 @@ def test_horovod_cycles_wait_for_the_running_buffer():
     per buffer: the wake-up at 1 ms runs [0] until 4 ms; the loop wakes at once then and
     fuses 1 and 2, runs them until 7 ms; the next wake-ups are at 8 ms (7 + 1): [3]."""
     ready, sizes = [100, 1500, 2500, 7600], [100] * 4
-    assert lib.horovod_groups(ready, sizes) == [[0], [1], [2], [3]]
-    assert lib.horovod_groups(ready, sizes, busy_us=lambda b: 3000.0) == [[0], [1, 2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes) == [[0], [1], [2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes, busy_us=lambda b: 3000.0) == [[0], [1, 2], [3]]
     # a run shorter than a cycle changes nothing; the threshold still splits a wake-up's tensors
-    assert lib.horovod_groups(ready, sizes, busy_us=lambda b: 500.0) == [[0], [1], [2], [3]]
-    assert lib.horovod_groups(ready, sizes, threshold=100, busy_us=lambda b: 3000.0) == [[0], [1], [2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes, busy_us=lambda b: 500.0) == [[0], [1], [2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes, threshold=100, busy_us=lambda b: 3000.0) == [[0], [1], [2], [3]]
 
 
 def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():

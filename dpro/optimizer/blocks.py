@@ -20,6 +20,8 @@ from dpro.optimizer.job_model import JobModel
 
 @dataclass(frozen=True, slots=True)
 class Block:
+    """A module's forward and backward ops (see the module docstring)."""
+
     name: str
     #: nesting depth of the module (``a.b.c`` -> 3)
     depth: int

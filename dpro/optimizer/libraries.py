@@ -45,7 +45,7 @@ def ddp_buckets(sizes_ready_order: list[int], cap: int, first_cap: int | None = 
     return out
 
 
-def horovod_groups(ready_us: list[float], sizes: list[int], threshold: int = HOROVOD_DEFAULT_THRESHOLD,
+def horovod_cycle_groups(ready_us: list[float], sizes: list[int], threshold: int = HOROVOD_DEFAULT_THRESHOLD,
                    cycle_us: float = HOROVOD_DEFAULT_CYCLE_US,
                    busy_us: Callable[[int], float] | None = None) -> list[list[int]]:
     """Fused groups Horovod forms, in order.

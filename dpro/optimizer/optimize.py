@@ -41,6 +41,9 @@ class Realized:
 
 @dataclass
 class OptimizeResult:
+    """What `dpro optimize` found: the model, the baselines, the search results (best
+    first), their realisation per library, and the notes for the user."""
+
     model: JobModel
     replay_us: float
     measured_us: float | None
@@ -66,6 +69,7 @@ class OptimizeResult:
         return self.baselines["job as profiled"]
 
     def to_json(self) -> dict:
+        """The `dpro optimize --json` object."""
         m = self.model
         b = self.best
         return {
@@ -116,7 +120,7 @@ def horovod_default(model: JobModel) -> Strategy:
     tensors ready meanwhile waiting for the next cycle."""
     if model.horovod_defaults_profiled:
         return Strategy.as_profiled(model)
-    return Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), [u.bytes for u in model.units],
+    return Strategy.from_groups(lib.horovod_cycle_groups(_unit_ready_times(model), [u.bytes for u in model.units],
                                                    busy_us=model.ring_us))
 
 

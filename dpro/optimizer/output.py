@@ -30,6 +30,7 @@ def _ms(us: float | None) -> str:
 
 
 def summary_text(res: OptimizeResult, top: int = 8) -> str:
+    """The summary `dpro optimize` prints: times, baselines, changes, how to apply them, notes."""
     b = res.best
     lines = [
         f"job as profiled: {_ms(res.baseline_us)} predicted (full replay {_ms(res.replay_us)}, measured {_ms(res.measured_us)})",
@@ -187,6 +188,7 @@ def _compile_plan(res: OptimizeResult) -> tuple[list[str], bool]:
 
 
 def write_strategy_dir(res: OptimizeResult, root: Path, *, force: bool = False) -> None:
+    """Write :func:`strategy_files` into ``root`` at once (``force``: replace what it holds)."""
     root = Path(root)
     check_writable_dir(root, force)
     files = strategy_files(res)

@@ -45,6 +45,8 @@ class Step:
 
 @dataclass
 class SearchResult:
+    """One descent of Algorithm 1: where it started, the strategy it reached and its time."""
+
     start: str
     strategy: Strategy
     iteration_us: float

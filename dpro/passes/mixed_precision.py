@@ -83,6 +83,7 @@ class MixedPrecision(GraphPass):
         self.factors = factors or load_factors()
 
     def scales(self, ctx: PassContext) -> tuple[OpScale, ...]:
+        """Per op, its own-time factor and, from the first low-precision op on, its kept bytes halved."""
         m = ctx.model
         fw = sorted((o for o in m.ops.values() if o.cat == "FW"), key=lambda o: o.prio)
         first = next((o.prio for o in fw if op_class(o.name)), None)

@@ -64,6 +64,7 @@ def simulate_port_sharing(g: CompiledGraph, flows: dict[int, Flow], alpha: float
     t, done = 0.0, 0
 
     def launch(now: float) -> None:
+        """Start the next queued op on every idle device."""
         for d, q in enumerate(queues):
             if busy[d] or not q:
                 continue

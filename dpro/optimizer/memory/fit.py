@@ -39,6 +39,8 @@ class MemoryChoice:
 
 @dataclass
 class MemoryFit:
+    """The memory step's outcome: the budget, the job as it was, the choice, all tried."""
+
     budget_bytes: int
     before: MemoryChoice
     chosen: MemoryChoice

@@ -90,6 +90,7 @@ class OpFusion(GraphPass):
         return succ, pred, waits
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """Adjacent single-edge chains of computation ops on the critical path where Theorem 1 gains."""
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
         if m.framework == "tensorflow":  # no helper compiles a TF region: XLA of it all (dpro.optimizer.xla)
             return []
@@ -121,6 +122,7 @@ class OpFusion(GraphPass):
         return out
 
     def apply(self, ctx: PassContext, cand: Candidate) -> Strategy:
+        """The chain fused, then its gradients' adjacent groups merged while Theorem 3 gains."""
         m = ctx.model
         chain = cand.target[1]
         st = ctx.strategy.with_fusion(chain, fused_duration(m, chain, self.compute_factor))

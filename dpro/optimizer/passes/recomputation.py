@@ -24,6 +24,7 @@ class Recomputation(GraphPass):
     kind = "memory"
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """At each module depth, the first m blocks of that depth, for every m."""
         by_depth: dict[int, list[str]] = defaultdict(list)
         for b in blocks(ctx.model):
             by_depth[b.depth].append(b.name)

@@ -34,6 +34,7 @@ class TensorFusion(GraphPass):
     name = "tensor_fusion"
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """Each adjacent pair of groups, one on the critical path, where Theorem 2 gains."""
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
         on_path = {int(a.built.group[i]) for i in a.critical if a.built.group[i] >= 0}
         times = group_times(ctx)

@@ -35,6 +35,7 @@ class TensorPartition(GraphPass):
         self.max_pieces = max_pieces
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """Each group on the critical path whose best piece count syncs faster than its own."""
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
         on_path = sorted({int(a.built.group[i]) for i in a.critical if a.built.group[i] >= 0})
         out = []
