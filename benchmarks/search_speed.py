@@ -26,11 +26,12 @@ import numpy as np
 
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.compiled import CompiledGraph, compile_graph
-from dpro.optimizer.evaluate import KIND_XFER, build, iteration_us
+from dpro.optimizer.evaluate import iteration_us
 from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import baselines
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.worker_graph import KIND_XFER, build
 from dpro.optimizer.passes.registry import builtin_passes
 from dpro.replayer.engine import simulate
 
@@ -39,7 +40,7 @@ def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:
     """The same strategy with every worker in the graph (no symmetry): N copies of the
     worker, and each ring step on rank r also waiting for the previous rank's step (the
     chunk it receives), as the replayer's global DFG does. With identical workers it
-    replays to the same iteration time as :func:`dpro.optimizer.evaluate.build`
+    replays to the same iteration time as :func:`dpro.optimizer.worker_graph.build`
     (tests/test_optimizer.py); it measures what the symmetry saves."""
     built = build(model, strategy)
     one, is_x = built.graph, built.kind == KIND_XFER

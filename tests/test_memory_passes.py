@@ -86,7 +86,7 @@ def test_accumulation_by_hand():
 
 
 def test_micro_trace_interpolation_by_hand():
-    from dpro.optimizer.evaluate import micro_own_us
+    from dpro.optimizer.worker_graph import micro_own_us
 
     m = small_model()
     assert micro_own_us(m, ("f1", "f2"), 2) == pytest.approx(10.0)  # no second trace: 1/k

@@ -9,8 +9,8 @@ tensor when the profiler recorded them (dpro's Recorder), else one per recorded
 collective (imported traces). A unit knows its bytes, the ops that must end before it
 can be sent (``ready``) and the ops that wait for it (``consumers``). How units are
 grouped, partitioned and which computation ops are fused is a
-:class:`~dpro.optimizer.strategy.Strategy`; :mod:`dpro.optimizer.evaluate` turns model +
-strategy into a graph and replays it.
+:class:`~dpro.optimizer.strategy.Strategy`; :mod:`dpro.optimizer.worker_graph` turns model +
+strategy into a graph and :mod:`dpro.optimizer.evaluate` replays it.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class JobModel:
     #: Horovod job profiled with Horovod's default fusion (no fusion setting, no explicit
     #: groups): its own grouping is what the defaults do in it (dpro.optimizer.optimize)
     horovod_defaults_profiled: bool = False
-    #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
+    #: cache: per op, the bit set of its ancestors (see worker_graph._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
     #: cache: (bytes, pieces) -> sync time, µs (see evaluate.sync_time)
     sync_cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)

@@ -13,11 +13,12 @@ import logging
 from dataclasses import dataclass, field
 
 from dpro.errors import DproInputError
-from dpro.optimizer.evaluate import analyse, build, schedule_of
+from dpro.optimizer.evaluate import analyse, schedule_of
 from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.memory.peak import strategy_memory
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.worker_graph import build
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ and the blocks that outlive their op as ``lifetimes`` ``[producer, releaser, byt
   frees it at once (its ``peak`` is unchanged: it still allocates it), and B's
   recompute node allocates it again before B's backward, which releases it as before.
   The recompute node's ``peak`` adds the largest temporary of B's forward ops.
-* **k micro-batches**: the forward/backward ops (:func:`~dpro.optimizer.evaluate.micro_ops`) run k times on 1/k of the batch. A block
+* **k micro-batches**: the forward/backward ops (:func:`~dpro.optimizer.worker_graph.micro_ops`) run k times on 1/k of the batch. A block
   both produced and released by such ops (activations, activation gradients) is 1/k as
   large and exists in every micro-batch; so are the ops' temporaries (``peak - alloc``).
   A block they produce that outlives the backward (a parameter's gradient) is allocated
@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dpro.optimizer.blocks import block
-from dpro.optimizer.evaluate import MB_SEP, RECOMPUTE_PREFIX, BuiltGraph, micro_ops
 from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.worker_graph import MB_SEP, RECOMPUTE_PREFIX, BuiltGraph, micro_ops
 from dpro.replayer.engine import Schedule
 from dpro.replayer.memory import MemoryEstimate, estimate_record
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dpro.optimizer.evaluate import KIND_COMP, KIND_IN, sync_time
+from dpro.optimizer.evaluate import sync_time
 from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import fused_tensor_gain_after_op_fusion, op_fusion_gain
+from dpro.optimizer.worker_graph import KIND_COMP, KIND_IN
 
 FUSIBLE = ("FW", "BW", "UPDATE")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpro.optimizer.evaluate import KIND_IN, KIND_XFER, sync_time
+from dpro.optimizer.evaluate import sync_time
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import tensor_fusion_gain
+from dpro.optimizer.worker_graph import KIND_IN, KIND_XFER
 
 
 def group_times(ctx: PassContext) -> dict[int, tuple[float, float, float]]:
