@@ -138,11 +138,11 @@ def worker(args: argparse.Namespace) -> None:
         k = args.accum if changed else 1
         amp = args.amp and changed
         if args.checkpoint and changed:
-            from dpro.optimizer.apply import checkpoint_modules
+            from dpro.apply import checkpoint_modules
 
             checkpoint_modules(model, args.checkpoint.split(","))
         if args.compile and changed:
-            from dpro.optimizer.apply import compile_module
+            from dpro.apply import compile_module
 
             compile_module(model)  # not model.compile(): a no-op on torch's own modules (see there)
         ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)

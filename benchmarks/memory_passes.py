@@ -9,10 +9,10 @@ For each case:
 1. the job **as it is** runs under ``dpro profile``; from that trace dpro predicts the
    iteration time and peak memory of the job **with the change** (recomputation of the
    named blocks / k micro-batches / bf16 autocast) —
-   :func:`dpro.optimizer.memory_search.evaluate_memory`, the numbers ``dpro optimize
+   :func:`dpro.optimizer.memory.fit.evaluate_memory`, the numbers ``dpro optimize
    --memory-budget`` decides with;
 2. the job **with the change applied for real** (``torch.utils.checkpoint`` on the blocks /
-   ``no_sync()`` accumulation, as ``dpro.optimizer.apply`` does / forward and loss under
+   ``no_sync()`` accumulation, as ``dpro.apply`` does / forward and loss under
    ``torch.autocast("cpu", dtype=torch.bfloat16)``) runs twice without dpro:
    once under torch.profiler with ``profile_memory=True`` (the measured peak, rebuilt
    from the allocator's events as in benchmarks/memory_fidelity.py), once timed with
@@ -83,8 +83,8 @@ def _timed_ab(config: str, extra: list[str], out: Path) -> tuple[float, float]:
 def run_case(name: str, work: Path, repeats: int = 2) -> dict:
     from dpro.graph.global_dfg import BuildOptions
     from dpro.gtrace.io import load_gtrace
-    from dpro.optimizer.memory_search import evaluate_memory
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.memory.fit import evaluate_memory
+    from dpro.optimizer.job_model import job_model
     from dpro.optimizer.strategy import Strategy
     from dpro.replayer.replay import replay
 
@@ -106,14 +106,14 @@ def run_case(name: str, work: Path, repeats: int = 2) -> dict:
 
         changed = compiled_model_strategy(jm)
     elif amp:
-        from dpro.passes.base import PassContext
+        from dpro.optimizer.passes.base import PassContext
         from dpro.passes.mixed_precision import MixedPrecision
 
         changed = changed.with_scales(MixedPrecision().scales(PassContext(jm, changed, None)))  # type: ignore[arg-type]
     p1 = evaluate_memory(jm, changed)
     p1_interp = None
     if k > 1:  # the same job at batch/k too: micro-batch op times measured (dpro optimize --micro-trace)
-        from dpro.optimizer.micro import attach_micro_trace
+        from dpro.optimizer.memory.micro_batch import attach_micro_trace
 
         bs = mf._build(model)[3]
         _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(d / "traces-micro"), "--warmup", str(PROFILE_WARMUP),

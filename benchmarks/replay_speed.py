@@ -38,7 +38,7 @@ import tracemalloc
 import numpy as np
 
 from dpro.graph.comm_model import LinkCost, ring_steps
-from dpro.graph.global_dfg import GraphBuilder
+from dpro.graph.builder import GraphBuilder
 from dpro.replayer import engine
 
 
@@ -96,28 +96,28 @@ def build(workers: int, buckets: int = 0, seed: int = 0, alpha: float = 8.0, bet
     coll_prio = [0.0] * len(colls)
     for w in range(workers):
         node = f"worker{w}"
-        comp = b.dev(f"{node}/cuda:0", node, False)
-        comm = b.dev(f"{node}/comm", node, True)
+        comp = b.add_device(f"{node}/cuda:0", owner=node, is_comm=False)
+        comm = b.add_device(f"{node}/comm", owner=node, is_comm=True)
         jitter = rng.lognormal(0.0, 0.1, size=3 * n_layers)  # per-op noise, ~10%
         t = 0.0
         prev = -1
         for l in range(n_layers):
             d = float(base[l] * jitter[l])
-            i = b.op(f"{node}/fw{l}", d, 0.0 if l else 20.0, "FW", comp, t)
+            i = b.add_op(f"{node}/fw{l}", dur=d, gap=0.0 if l else 20.0, cat="FW", device=comp, prio=t)
             t += d
             if prev >= 0:
-                b.edge(prev, i)
+                b.add_edge(prev, i)
             prev = i
         bw_w = [0] * n_layers
         bw_end = [0.0] * n_layers  # offset at which layer l's weight gradient is ready
         for l in reversed(range(n_layers)):
             d_in = float(base[l] * jitter[n_layers + l])
             d_w = float(base[l] * jitter[2 * n_layers + l])
-            i_in = b.op(f"{node}/bw{l}.in", d_in, 0.0, "BW", comp, t)
-            b.edge(prev, i_in)
+            i_in = b.add_op(f"{node}/bw{l}.in", dur=d_in, gap=0.0, cat="BW", device=comp, prio=t)
+            b.add_edge(prev, i_in)
             t += d_in
-            i_w = b.op(f"{node}/bw{l}.w", d_w, 0.0, "BW", comp, t)
-            b.edge(i_in, i_w)
+            i_w = b.add_op(f"{node}/bw{l}.w", dur=d_w, gap=0.0, cat="BW", device=comp, prio=t)
+            b.add_edge(i_in, i_w)
             t += d_w
             bw_w[l], bw_end[l] = i_w, t
             prev = i_in
@@ -125,18 +125,18 @@ def build(workers: int, buckets: int = 0, seed: int = 0, alpha: float = 8.0, bet
             # prio = the op's start offset in the step: a collective is issued when its
             # last gradient is ready, the ring steps of all ranks get the latest issue
             issue = max(bw_end[owner[x]] for x in ts)
-            i_in = b.op(f"{node}/ar{c}:IN", 0.0, 5.0, "COMM", comm, issue)
-            i_out = b.op(f"{node}/ar{c}:OUT", 0.0, 0.0, "COMM", comm, issue + 5.0)
+            i_in = b.add_op(f"{node}/ar{c}:IN", dur=0.0, gap=5.0, cat="COMM", device=comm, prio=issue)
+            i_out = b.add_op(f"{node}/ar{c}:OUT", dur=0.0, gap=0.0, cat="COMM", device=comm, prio=issue + 5.0)
             for x in ts:
-                b.edge(bw_w[owner[x]], i_in)
+                b.add_edge(bw_w[owner[x]], i_in)
             coll_in[c][w], coll_out[c][w] = i_in, i_out
             coll_prio[c] = max(coll_prio[c], issue)
         for l in range(n_layers):
             d = float(0.2 * base[l])
-            i = b.op(f"{node}/upd{l}", d, 0.0, "UPDATE", comp, t)
+            i = b.add_op(f"{node}/upd{l}", dur=d, gap=0.0, cat="UPDATE", device=comp, prio=t)
             t += d
             for x in layer_tensors[l]:
-                b.edge(coll_out[coll_of[x]][w], i)
+                b.add_edge(coll_out[coll_of[x]][w], i)
     # Ring AllReduce expansion, exactly as dpro.graph.global_dfg does it.
     n = workers
     for c, ts in enumerate(colls):
@@ -146,19 +146,19 @@ def build(workers: int, buckets: int = 0, seed: int = 0, alpha: float = 8.0, bet
             cur = []
             for r in range(n):
                 nxt = (r + 1) % n
-                d = b.dev(f"link:{r}->{nxt}", f"worker{r}", True)
-                i = b.op(f"ar{c}/ring{s}/{r}->{nxt}", step_dur, 0.0, "COMM", d, coll_prio[c])
+                d = b.add_device(f"link:{r}->{nxt}", owner=f"worker{r}", is_comm=True)
+                i = b.add_op(f"ar{c}/ring{s}/{r}->{nxt}", dur=step_dur, gap=0.0, cat="COMM", device=d, prio=coll_prio[c])
                 if s == 0:
-                    b.edge(coll_in[c][r], i)
-                    b.edge(coll_in[c][nxt], i)
+                    b.add_edge(coll_in[c][r], i)
+                    b.add_edge(coll_in[c][nxt], i)
                 else:
-                    b.edge(prev_s[r - 1], i)
-                    b.edge(prev_s[r], i)
+                    b.add_edge(prev_s[r - 1], i)
+                    b.add_edge(prev_s[r], i)
                 cur.append(i)
             prev_s = cur
         for r in range(n):
-            b.edge(prev_s[r - 1], coll_out[c][r])
-            b.edge(prev_s[r], coll_out[c][r])
+            b.add_edge(prev_s[r - 1], coll_out[c][r])
+            b.add_edge(prev_s[r], coll_out[c][r])
     return b.compile({"link_cost": cost}), len(colls)
 
 

@@ -25,13 +25,48 @@ import time
 import numpy as np
 
 from dpro.graph.comm_model import LinkCost
-from dpro.optimizer.evaluate import build, build_all_workers, iteration_us
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.graph.compiled import CompiledGraph, compile_graph
+from dpro.optimizer.evaluate import iteration_us
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import baselines
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.registry import builtin_passes
+from dpro.optimizer.worker_graph import KIND_XFER, build
+from dpro.optimizer.passes.registry import builtin_passes
 from dpro.replayer.engine import simulate
+
+
+def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:
+    """The same strategy with every worker in the graph (no symmetry): N copies of the
+    worker, and each ring step on rank r also waiting for the previous rank's step (the
+    chunk it receives), as the replayer's global DFG does. With identical workers it
+    replays to the same iteration time as :func:`dpro.optimizer.worker_graph.build`
+    (tests/test_optimizer.py); it measures what the symmetry saves."""
+    built = build(model, strategy)
+    one, is_x = built.graph, built.kind == KIND_XFER
+    n, world = one.n, max(1, model.world_size)
+    src, dst = one.edges()
+    names, dur, cat, dev, prio = [], [], [], [], []
+    devices: list[str] = [f"w{r}/{d}" for r in range(world) for d in one.devices]
+    nd = len(one.devices)
+    for r in range(world):
+        names += [f"w{r}/{x}" for x in one.names]
+        dur.append(one.dur)
+        cat.append(one.cat)
+        dev.append(one.device + r * nd)
+        prio.append(one.prio)
+    s_all, d_all = [], []
+    cross = is_x[dst] | (is_x[src] & ~is_x[dst])  # into a ring step, or from the last step into OUT
+    for r in range(world):
+        s_all.append(src + r * n)
+        d_all.append(dst + r * n)
+        prev = (r - 1) % world
+        s_all.append(src[cross] + prev * n)
+        d_all.append(dst[cross] + r * n)
+    return compile_graph(names=names, dur=np.concatenate(dur), cat=np.concatenate(cat), device=np.concatenate(dev),
+                         prio=np.concatenate(prio), src=np.concatenate(s_all), dst=np.concatenate(d_all),
+                         devices=devices, device_owner=np.repeat(np.arange(world), nd),
+                         owners=[f"w{r}" for r in range(world)], device_is_comm=np.tile(one.device_is_comm, world))
 
 
 def resnet50_layers() -> list[tuple[str, str, int, float]]:

@@ -257,7 +257,7 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     fastest that fits is kept (memory.json says what to checkpoint and how many
     micro-batches to run).
     """
-    from dpro.passes.registry import default_registry
+    from dpro.optimizer.passes.registry import default_registry
 
     if budget <= 0:
         raise click.BadParameter("must be positive", param_hint="--budget")

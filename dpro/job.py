@@ -24,9 +24,10 @@ from dpro.gtrace.schema import GTrace
 if TYPE_CHECKING:
     from dpro.alignment import AlignOptions, AlignResult
     from dpro.optimizer.optimize import OptimizeResult
+    from dpro.graph.stats import OpStats
     from dpro.optimizer.passes.base import GraphPass
     from dpro.progress import Tick
-    from dpro.replayer.overhead import Overhead
+    from dpro.graph.overhead import Overhead
     from dpro.replayer.replay import ReplayResult
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,18 @@ class Job:
         return typical_steps(list(self.trace.nodes.values()), self.trace.manifest.steps)
 
     @cached_property
+    def stats(self) -> dict[str, dict[str, OpStats]]:
+        """Every node's op statistics over :attr:`steps`: ``{node: {op: OpStats}}`` (own
+        time, host gap, offset in the step, the samples)."""
+        from dpro.graph.stats import node_stats
+
+        steps = self.steps or self.trace.manifest.steps or None
+        return {name: node_stats(nt, steps) for name, nt in self.trace.nodes.items()}
+
+    @cached_property
     def profiling_overhead(self) -> Overhead | None:
         """The overhead dpro's recorder measured (median over the workers), if it did."""
-        from dpro.replayer.overhead import job_overhead
+        from dpro.graph.overhead import job_overhead
 
         return job_overhead(self.trace.workers())
 
@@ -82,7 +92,7 @@ class Job:
         from dpro.replayer.replay import replay_on_one_clock
 
         opts = BuildOptions(expand_collectives=expand_collectives, steps=list(self.steps), remove_overhead=remove_overhead)
-        return replay_on_one_clock(self.trace, opts, alignment=self.alignment)
+        return replay_on_one_clock(self.trace, opts, alignment=self.alignment, stats=self.stats)
 
     def optimize(self, *, passes: list[GraphPass] | None = None, budget_s: float = 30.0,
                  memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
@@ -94,8 +104,8 @@ class Job:
 
         small = micro_trace.profiled if isinstance(micro_trace, Job) else micro_trace
         kw = {"tick": tick} if tick is not None else {}
-        return optimize(self.trace, passes=passes, budget_s=budget_s, align_clocks=False, memory_budget=memory_budget,
-                        memory_passes=memory_passes, micro_trace=small, **kw)
+        return optimize(self.trace, base=self.replay(), stats=self.stats, passes=passes, budget_s=budget_s,
+                        memory_budget=memory_budget, memory_passes=memory_passes, micro_trace=small, **kw)
 
 
 def open(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True) -> Job:  # noqa: A001

@@ -1,4 +1,4 @@
-"""CPU contention between computation and collectives (dpro.optimizer.contention), on
+"""CPU contention between computation and collectives (dpro.replayer.cpu_contention), on
 graphs and numbers computed by hand."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from dpro.graph.compiled import compile_graph
+from dpro.graph.intervals import overlap, union_length
 from dpro.gtrace.schema import NodeTrace
-from dpro.optimizer.contention import CpuShare, measured_share, overlap, replay, union_length
+from dpro.replayer.cpu_contention import CpuShare, measured_share, simulate_contended
 
 
 def test_overlap_with_a_union_of_intervals():
@@ -31,8 +32,9 @@ def test_loss(share, loss):
 
 def _two_parallel(comp_us: float, xfer_us: float):
     """One host op and one transfer, independent: the two overlap from time 0."""
-    return compile_graph(["comp", "xfer"], [comp_us, xfer_us], [0.0, 0.0], [0, 0], [0, 1], [0.0, 0.0], [], [],
-                         ["cpu", "link"], np.zeros(2, dtype=np.int64), ["worker"], np.array([False, True]))
+    return compile_graph(names=["comp", "xfer"], dur=[comp_us, xfer_us], cat=[0, 0], device=[0, 1], prio=[0.0, 0.0],
+                         src=[], dst=[], devices=["cpu", "link"], device_owner=np.zeros(2, dtype=np.int64),
+                         owners=["worker"], device_is_comm=np.array([False, True]))
 
 
 @pytest.mark.parametrize("comp,xfer,comp_end,xfer_end", [
@@ -42,9 +44,9 @@ def _two_parallel(comp_us: float, xfer_us: float):
 def test_replay_matches_processor_sharing(comp, xfer, comp_end, xfer_end):
     """With loss 1/3 (1.5 cores wanted on 1), fluid processor sharing gives these ends."""
     g = _two_parallel(comp, xfer)
-    s = replay(g, np.array([True, False]), np.array([False, True]), 1 / 3)
+    s = simulate_contended(g, np.array([True, False]), np.array([False, True]), 1 / 3)
     assert s.end[0] == pytest.approx(comp_end, rel=2e-3) and s.end[1] == pytest.approx(xfer_end, rel=2e-3)
-    plain = replay(g, np.array([True, False]), np.array([False, True]), 0.0)
+    plain = simulate_contended(g, np.array([True, False]), np.array([False, True]), 0.0)
     assert plain.end.tolist() == [comp, xfer]
 
 
@@ -85,7 +87,7 @@ def test_trace_is_taken_back_to_uncontended_times(facts):
     from dpro.graph.comm_model import LinkCost
     from dpro.gtrace.schema import GTrace, Manifest
     from dpro.optimizer.evaluate import iteration_us
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
     from dpro.optimizer.strategy import Strategy
 
     cpu = {"cpu": {"cores": 2, "threads": 1}, "cpu_after_us": {"process": 400.0, "thread": 250.0, "calls": 10}}
@@ -111,7 +113,7 @@ def test_representative_worker_agrees_best_with_the_full_replay():
     kept (dpro.optimizer.optimize.representative)."""
     from dpro.gtrace.schema import GTrace, Manifest
     from dpro.optimizer.evaluate import iteration_us
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
     from dpro.optimizer.optimize import representative
     from dpro.optimizer.strategy import Strategy
     from dpro.replayer.replay import replay as full_replay
@@ -139,7 +141,7 @@ def test_no_term_for_horovod():
     thread is not the collectives', so the facts are not used."""
     from dpro.graph.comm_model import LinkCost
     from dpro.gtrace.schema import GTrace, Manifest
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
 
     cpu = {"cpu": {"cores": 2, "threads": 1}, "cpu_after_us": {"process": 400.0, "thread": 250.0, "calls": 10}}
     ws = [_worker(r, cpu) for r in (0, 1)]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dpro.errors import DproInputError
 from dpro.graph.compiled import compile_graph
-from dpro.graph.global_dfg import GraphBuilder
+from dpro.graph.builder import GraphBuilder
 from dpro.replayer.critical_path import critical_path, critical_path_indices
 from dpro.replayer.engine import Schedule, simulate
 
@@ -30,14 +30,15 @@ def mk(dur, dev, edges=(), prio=None, gap=None):
     src = [a for a, _ in edges]
     dst = [b for _, b in edges]
     return compile_graph(
-        [f"op{i}" for i in range(n)],
-        np.asarray(dur, dtype=float),
-        np.zeros(n) if gap is None else gap,
-        np.zeros(n, dtype=np.int8),
-        np.asarray(dev, dtype=np.int64),
-        np.zeros(n) if prio is None else np.asarray(prio, dtype=float),
-        src, dst,
-        [f"d{k}" for k in range(ndev)], np.zeros(ndev, dtype=np.int64), ["node"], np.zeros(ndev, dtype=bool),
+        names=[f"op{i}" for i in range(n)],
+        dur=np.asarray(dur, dtype=float),
+        gap=gap,
+        cat=np.zeros(n, dtype=np.int8),
+        device=np.asarray(dev, dtype=np.int64),
+        prio=np.zeros(n) if prio is None else np.asarray(prio, dtype=float),
+        src=src, dst=dst,
+        devices=[f"d{k}" for k in range(ndev)], device_owner=np.zeros(ndev, dtype=np.int64), owners=["node"],
+        device_is_comm=np.zeros(ndev, dtype=bool),
     )
 
 
@@ -219,11 +220,11 @@ def test_cycle_raises(edges):
 
 def test_graph_builder_gap_is_charged():
     b = GraphBuilder()
-    d0 = b.dev("w0/cpu", "w0", False)
-    d1 = b.dev("w0/comm", "w0", True)
-    i = b.op("a", 3.0, 1.0, "FW", d0, 0.0)
-    j = b.op("b", 2.0, 0.5, "COMM", d1, 4.0)
-    b.edge(i, j)
+    d0 = b.add_device("w0/cpu", owner="w0", is_comm=False)
+    d1 = b.add_device("w0/comm", owner="w0", is_comm=True)
+    i = b.add_op("a", dur=3.0, gap=1.0, cat="FW", device=d0, prio=0.0)
+    j = b.add_op("b", dur=2.0, gap=0.5, cat="COMM", device=d1, prio=4.0)
+    b.add_edge(i, j)
     g = b.compile()
     s = simulate(g)
     check(s, [0, 4], [4, 6.5], [-1, 0])

@@ -18,13 +18,13 @@ from click.testing import CliRunner
 
 from dpro.cli import cli
 from dpro.graph.comm_model import LinkCost
-from dpro.optimizer.apply import memory_settings, split_batch
+from dpro.apply import memory_settings, split_batch
 from dpro.optimizer.blocks import blocks
-from dpro.optimizer.memory_search import CannotFit, evaluate_memory, fit_memory
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.memory.fit import CannotFit, evaluate_memory, fit_memory
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.grad_accumulation import GradientAccumulation
-from dpro.passes.recomputation import Recomputation
+from dpro.optimizer.passes.grad_accumulation import GradientAccumulation
+from dpro.optimizer.passes.recomputation import Recomputation
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -86,7 +86,7 @@ def test_accumulation_by_hand():
 
 
 def test_micro_trace_interpolation_by_hand():
-    from dpro.optimizer.evaluate import micro_own_us
+    from dpro.optimizer.worker_graph import micro_own_us
 
     m = small_model()
     assert micro_own_us(m, ("f1", "f2"), 2) == pytest.approx(10.0)  # no second trace: 1/k
@@ -123,7 +123,7 @@ def test_memory_settings_files(tmp_path):
 
 def test_checkpointed_module_gives_the_same_gradients():
     torch = pytest.importorskip("torch")
-    from dpro.optimizer.apply import checkpoint_modules
+    from dpro.apply import checkpoint_modules
 
     def grads(ckpt: bool) -> list:
         torch.manual_seed(0)
@@ -142,7 +142,7 @@ def test_checkpointed_module_gives_the_same_gradients():
 
 
 def test_mixed_precision_by_hand(tmp_path, monkeypatch):
-    from dpro.passes.base import PassContext
+    from dpro.optimizer.passes.base import PassContext
     from dpro.passes.mixed_precision import MixedPrecision, load_factors, op_class
 
     assert op_class("aten::linear") == "matmul" and op_class("autograd::engine::evaluate_function: AddmmBackward0") == "matmul"
@@ -200,7 +200,7 @@ def _measured_peak(config: str, extra: list[str], out: Path) -> int:
 
 def _model_of(traces: Path) -> JobModel:
     from dpro.gtrace.io import load_gtrace
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
     from dpro.replayer.replay import replay
 
     gt = load_gtrace(traces)
@@ -262,7 +262,7 @@ def test_cli_memory_budget(transformer_trace, tmp_path):
 # ---------------------------------------------------------------- op fusion priced by torch.compile
 
 def test_fused_duration_uses_the_smallest_measured_module():
-    from dpro.passes.op_fusion import fused_duration, measured_module
+    from dpro.optimizer.passes.op_fusion import fused_duration, measured_module
 
     m = small_model()
     m.ops["f1"].gap = 2.0
@@ -277,7 +277,7 @@ def test_fused_duration_uses_the_smallest_measured_module():
 def test_modules_to_compile_hold_each_fusion():
     """Compiling each op's own layer cannot fuse across layers: compile.json names the
     deepest module around each fusion, and only the outermost of those."""
-    from dpro.passes.op_fusion import enclosing_module, outermost
+    from dpro.optimizer.passes.op_fusion import enclosing_module, outermost
 
     m = small_model()
     assert enclosing_module(m, ("f1", "f2")) == "blk"
@@ -289,7 +289,7 @@ def test_modules_to_compile_hold_each_fusion():
 
 
 def test_compile_facts_take_the_median_over_ranks():
-    from dpro.optimizer.model import _compile_facts
+    from dpro.optimizer.job_model import _compile_facts
 
     ranks = [{"": {"class": "M", "eager_us": 100.0, "compiled_us": 141.0}, "blk": {"eager_us": 10, "compiled_us": 5}},
              {"": {"class": "M", "eager_us": 100.0, "compiled_us": 117.0}, "blk": {"eager_us": 0, "compiled_us": 5}},
@@ -328,7 +328,7 @@ def test_compile_modules_compiles_torch_own_modules(tmp_path):
     torch = pytest.importorskip("torch")
     from torch._dynamo.utils import counters
 
-    from dpro.optimizer.apply import compile_modules
+    from dpro.apply import compile_modules
 
     torch._dynamo.reset()
     counters.clear()

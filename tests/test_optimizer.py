@@ -17,16 +17,16 @@ from dpro.gtrace.schema import NodeInfo, NodeTrace
 from dpro.loader import open_trace
 from dpro.optimizer import libraries as lib
 from dpro.optimizer.evaluate import analyse, iteration_us, sync_time
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import ddp_strategy, optimize
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import fused_tensor_gain_after_op_fusion, op_fusion_gain, tensor_fusion_gain
-from dpro.passes.base import Candidate, GraphPass, PassContext, register
-from dpro.passes.op_fusion import OpFusion
-from dpro.passes.registry import default_registry, passes_in_module
-from dpro.passes.tensor_fusion import TensorFusion
-from dpro.passes.tensor_partition import TensorPartition, best_partition
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext, register
+from dpro.optimizer.passes.op_fusion import OpFusion
+from dpro.optimizer.passes.registry import default_registry, passes_in_module
+from dpro.optimizer.passes.tensor_fusion import TensorFusion
+from dpro.optimizer.passes.tensor_partition import TensorPartition, best_partition
 from dpro.replayer.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ def test_ddp_buckets_match_torch():
 
 def test_horovod_cycles():
     # ready at 0.1, 0.5, 1.2, 1.3 ms; 1 ms cycles; threshold 250 B
-    assert lib.horovod_groups([100, 500, 1200, 1300], [100, 100, 100, 200], threshold=250, cycle_us=1000) == [[0, 1], [2], [3]]
+    assert lib.horovod_cycle_groups([100, 500, 1200, 1300], [100, 100, 100, 200], threshold=250, cycle_us=1000) == [[0, 1], [2], [3]]
 
 
 def test_horovod_cycles_wait_for_the_running_buffer():
@@ -164,18 +164,18 @@ def test_horovod_cycles_wait_for_the_running_buffer():
     per buffer: the wake-up at 1 ms runs [0] until 4 ms; the loop wakes at once then and
     fuses 1 and 2, runs them until 7 ms; the next wake-ups are at 8 ms (7 + 1): [3]."""
     ready, sizes = [100, 1500, 2500, 7600], [100] * 4
-    assert lib.horovod_groups(ready, sizes) == [[0], [1], [2], [3]]
-    assert lib.horovod_groups(ready, sizes, busy_us=lambda b: 3000.0) == [[0], [1, 2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes) == [[0], [1], [2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes, busy_us=lambda b: 3000.0) == [[0], [1, 2], [3]]
     # a run shorter than a cycle changes nothing; the threshold still splits a wake-up's tensors
-    assert lib.horovod_groups(ready, sizes, busy_us=lambda b: 500.0) == [[0], [1], [2], [3]]
-    assert lib.horovod_groups(ready, sizes, threshold=100, busy_us=lambda b: 3000.0) == [[0], [1], [2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes, busy_us=lambda b: 500.0) == [[0], [1], [2], [3]]
+    assert lib.horovod_cycle_groups(ready, sizes, threshold=100, busy_us=lambda b: 3000.0) == [[0], [1], [2], [3]]
 
 
 def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
     """fw 10 -> b1 10 -> b2 1 -> upd, gradients ready at 20 and 21 µs, 1 µs per byte: with 1 ms
     cycles Horovod would fuse them, but the job as profiled (recorded: no fusion setting)
     sent them apart, and that is what its defaults did there."""
-    from dpro.optimizer.horovod_profile import ran_defaults
+    from dpro.optimizer.horovod import ran_defaults
     from dpro.optimizer.optimize import horovod_default
 
     m = two_grads(alpha=5, b2_dur=1)
@@ -195,9 +195,9 @@ def test_horovod_default_is_the_job_when_it_ran_with_the_defaults():
 def test_horovod_job_as_profiled_is_a_step_s_grouping():
     """Horovod fused a, b, c as 1, 3 and 2 groups in steps 1-3: the job as profiled is the
     step with the median count (step 3); a step whose groups miss a unit gives None."""
-    from dpro.optimizer.horovod_profile import step_grouping
+    from dpro.optimizer.horovod import step_grouping
 
-    units = [Unit(n, 100, [], []) for n in "abc"]
+    units = list("abc")
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
     g = lambda *ts: {"tensors": list(ts)}  # noqa: E731
     nt.meta = {"horovod": {"groups": {"1": [g("c", "b", "a")], "2": [g("c"), g("b"), g("a")],
@@ -229,7 +229,7 @@ def test_horovod_link_prices_the_spans_by_bytes():
     and 2; step 3 is not typical, and a malformed entry is skipped. The byte-weighted median
     is the large group's 1.5 µs/B; the latency stays the replay's; the excess per atom is
     the median over the steps."""
-    from dpro.optimizer.horovod_profile import excess_by_atom, link_cost
+    from dpro.optimizer.horovod import excess_by_atom, link_cost
 
     nt = NodeTrace(info=NodeInfo(name="worker0", role="worker", rank=0, host="h"))
     g = lambda a, b, t, x: {"atoms": [a], "bytes": b, "start_us": 0.0, "end_us": t, "excess_us": x}  # noqa: E731
@@ -359,7 +359,7 @@ def test_optimize_cli_writes_strategy_files(tmp_path):
 
 def test_apply_reads_strategy_files(tmp_path):
     from dpro.errors import DproInputError
-    from dpro.optimizer.apply import ddp_kwargs, horovod_env, horovod_groups
+    from dpro.apply import ddp_kwargs, horovod_env, horovod_groups
 
     (tmp_path / "ddp.json").write_text('{"bucket_cap_mb": 7.5}')
     assert ddp_kwargs(tmp_path) == {"bucket_cap_mb": 7.5}
@@ -400,8 +400,15 @@ def test_parameter_server_traces_are_refused_clearly(tmp_path):
 
 def test_symmetry_all_workers_replay_the_same():
     """The one-worker graph (symmetry) and the graph with every worker give the same time."""
-    from dpro.optimizer.evaluate import build_all_workers
+    import importlib.util
+
     from dpro.replayer.engine import simulate
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "search_speed.py"
+    spec = importlib.util.spec_from_file_location("search_speed", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    build_all_workers = bench.build_all_workers
 
     for world in (2, 4, 16):
         m = two_grads(alpha=5, b2_dur=1)

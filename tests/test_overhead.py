@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dpro.gtrace.schema import NodeInfo, NodeTrace
-from dpro.optimizer.model import CompOp, _remove_overhead
-from dpro.replayer.overhead import Overhead, job_overhead, measured_overhead
+from dpro.optimizer.job_model import CompOp, remove_host_overhead
+from dpro.graph.overhead import Overhead, job_overhead, measured_overhead
 
 
 def node(walls: list[float], steps: list[int]) -> NodeTrace:
@@ -48,12 +48,12 @@ def test_calls_after_the_window_are_the_settled_pace():
 def test_overhead_scales_the_host_side_ops():
     ops = {"a": CompOp("a", "a", "FW", "cpu:main", 10.0, 1.0, 0.0), "b": CompOp("b", "b", "BW", "cpu:main", 10.0, 8.0, 1.0),
            "k": CompOp("k", "k", "FW", "cuda:0", 50.0, 0.0, 2.0)}  # a GPU kernel pays no host-side overhead
-    notes = _remove_overhead(Overhead(100.0, 110.0), ops)  # 110 -> 100 µs per step: x 10/11
+    notes = remove_host_overhead(Overhead(100.0, 110.0), ops)  # 110 -> 100 µs per step: x 10/11
     assert (ops["a"].gap, ops["a"].dur) == pytest.approx((10 / 11, 100 / 11))
     assert (ops["b"].gap, ops["b"].dur) == pytest.approx((80 / 11, 100 / 11))
     assert (ops["k"].gap, ops["k"].dur) == (0.0, 50.0)
     assert notes and "+10.0%" in notes[0] and "0.909" in notes[0]
-    assert _remove_overhead(Overhead(100.0, 90.0), ops) == []  # profiled faster: nothing to remove
+    assert remove_host_overhead(Overhead(100.0, 90.0), ops) == []  # profiled faster: nothing to remove
 
 
 def test_replay_without_the_overhead_by_hand():
@@ -80,7 +80,7 @@ def test_replay_without_the_overhead_by_hand():
 def test_collectives_scale_only_in_a_cpu_job(accelerator):
     """Gloo or Horovod on CPU: a collective's own part is the CPU's work and slowed with the
     rest; in a job with a GPU stream, NCCL's time is not the host's."""
-    from dpro.graph.global_dfg import BuildInfo, _remove_overhead as remove
+    from dpro.graph.global_dfg import BuildInfo, _without_overhead as remove
     from dpro.graph.stats import OpStats
     from dpro.gtrace.schema import GTrace, Manifest, Op
 
@@ -90,8 +90,9 @@ def test_collectives_scale_only_in_a_cpu_job(accelerator):
         nt.ops["k"] = Op("k", "k", "FW", "gpu0:s7")
     stats = {"worker0": {k: OpStats(10.0, 5.0, 0.0, {}) for k in nt.ops}}
     info = BuildInfo()
-    remove(GTrace(Manifest("pytorch", "allreduce", "gloo", 1, [nt.info], [5, 6]), {"worker0": nt}), stats, info)
-    s = stats["worker0"]
+    out = remove(GTrace(Manifest("pytorch", "allreduce", "gloo", 1, [nt.info], [5, 6]), {"worker0": nt}), stats, info)
+    s = out["worker0"]
+    assert all((x.dur, x.gap) == (10.0, 5.0) for x in stats["worker0"].values())  # scaled copies
     assert (s["a"].dur, s["a"].gap) == pytest.approx((8.0, 4.0))
     assert (s["c"].dur, s["c"].gap) == ((10.0, 5.0) if accelerator else pytest.approx((8.0, 4.0)))
     if accelerator:
@@ -102,7 +103,7 @@ def test_collectives_scale_only_in_a_cpu_job(accelerator):
 def test_overhead_both_ways_when_the_window_changed_the_job():
     """MXNet's recorder turns operator bulking off for the window: a slower pace after it is
     the job's own (the bulked job), so the prediction of the unprofiled job grows."""
-    from dpro.replayer.overhead import scale_overhead
+    from dpro.graph.overhead import scale_overhead
 
     nt = node([900, 500, 100, 100, 100, 100, 100], [5, 6])
     nt.meta["step_wall_after_us"] = [300.0, 200.0, 110.0, 110.0, 110.0, 110.0]

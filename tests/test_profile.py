@@ -76,8 +76,8 @@ def test_gtrace_complete(profiled):
 
 def test_steps_after_the_window_are_timed(profiled):
     """14 calls, window 4..10: the recorder times the 3 calls after it (the settled
-    unprofiled pace, dpro.replayer.overhead) and adds them to each rank's meta."""
-    from dpro.replayer.overhead import measured_overhead
+    unprofiled pace, dpro.graph.overhead) and adds them to each rank's meta."""
+    from dpro.graph.overhead import measured_overhead
 
     for nt in load_gtrace(profiled).nodes.values():
         assert len(nt.meta["step_wall_us"]) == 11
@@ -85,7 +85,7 @@ def test_steps_after_the_window_are_timed(profiled):
         assert len(after) == 3 and all(w > 0 for w in after)
         assert measured_overhead(nt) is not None  # 1 settled call: the warm-up's pace
         # CPU over the same calls: the process's, the training thread's (which does the
-        # computation: one intra-op thread) and so the collectives' (dpro.optimizer.contention)
+        # computation: one intra-op thread) and so the collectives' (dpro.replayer.cpu_contention)
         cpu, after_cpu = nt.meta["cpu"], nt.meta["cpu_after_us"]
         assert cpu["threads"] == 1 and cpu["cores"] >= 1 and after_cpu["calls"] == 3
         assert 0 < after_cpu["thread"] < after_cpu["process"] <= cpu["cores"] * sum(after) * 1.05
@@ -94,7 +94,7 @@ def test_steps_after_the_window_are_timed(profiled):
 def test_contention_measured_on_the_real_job(profiled):
     """The optimizer's CPU share of a rank, from the real job: on loopback gloo's threads
     keep a good part of a core busy while a collective runs (measured here: 0.6-0.8)."""
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
 
     res = replay(load_gtrace(profiled))
     m = job_model(load_gtrace(profiled), res.build.link_cost, res.steps)

@@ -13,11 +13,11 @@ import pytest
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
 from dpro.gtrace.io import load_gtrace
-from dpro.optimizer import ps_search
-from dpro.optimizer.apply import mxnet_env
+from dpro.optimizer.ps import bound_search
+from dpro.apply import mxnet_env
 from dpro.optimizer.evaluate import iteration_us
-from dpro.optimizer.model import CompOp, JobModel, Unit
-from dpro.optimizer.ps import PsLayout, mxnet_home, piece_server
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
+from dpro.optimizer.ps.layout import PsLayout, mxnet_home, piece_server
 
 REPO = Path(__file__).resolve().parents[1]
 MX = REPO / ".venv-mx" / "bin"
@@ -52,13 +52,13 @@ def two_keys_one_server(t: float = 1000.0) -> JobModel:
 def test_bound_search_by_hand():
     m = two_keys_one_server()
     # as profiled: server 1 pushes w0 (0-1000), w1 (1000-2000); pulls w0 (1000-2000), w1 (2000-3000)
-    assert iteration_us(m, ps_search.baselines(m)["job as profiled"]) == pytest.approx(3000)
+    assert iteration_us(m, bound_search.bound_baselines(m)["job as profiled"]) == pytest.approx(3000)
     # split: each server pushes both halves (0-500, 500-1000), pulls them (500-1000, 1000-1500)
-    assert iteration_us(m, ps_search.with_bound(m, 1)) == pytest.approx(1500)
-    (res,) = ps_search.search(m)
+    assert iteration_us(m, bound_search.with_bound(m, 1)) == pytest.approx(1500)
+    (res,) = bound_search.search_bounds(m)
     assert res.strategy.partitions == (2, 2) and res.iteration_us == pytest.approx(1500)
     # the largest bound that splits both keys: fewer messages for the same time
-    assert ps_search.bound_of(m, res.strategy) == (1 << 20) // 4
+    assert bound_search.bound_of(m, res.strategy) == (1 << 20) // 4
 
 
 def test_worker_port_binds_when_servers_outnumber_workers():
@@ -73,13 +73,13 @@ def test_worker_port_binds_when_servers_outnumber_workers():
     m = JobModel(ops=ops, edges=[], units=[Unit("w", nbytes, ["g"], ["end"])], baseline_groups=[[0]], world_size=2,
                  scheme="ps", library="ps-lite", framework="mxnet", link=LinkCost(0.0, t / (2 * nbytes)), servers=4,
                  ps=PsLayout(4, [0], [nbytes // 4], [0], 1_000_000), baseline_partitions=[1])
-    assert iteration_us(m, ps_search.with_bound(m, m.ps.no_split_bound)) == pytest.approx(2000)
-    assert iteration_us(m, ps_search.with_bound(m, 1)) == pytest.approx(1000)
+    assert iteration_us(m, bound_search.with_bound(m, m.ps.no_split_bound)) == pytest.approx(2000)
+    assert iteration_us(m, bound_search.with_bound(m, 1)) == pytest.approx(1000)
 
 
 def test_only_mxnet_ps_traces_are_optimized():
     from dpro.loader import open_trace
-    from dpro.optimizer.model import job_model
+    from dpro.optimizer.job_model import job_model
 
     gt = open_trace(REPO / "examples" / "traces" / "ddp_gloo_2rank_mlp")
     gt.manifest.scheme, gt.manifest.framework, gt.manifest.library = "ps", "byteps", "byteps"
@@ -133,7 +133,7 @@ def test_optimize_real_ps_job_and_run_its_strategy(tmp_path):
     assert abs(res["baseline_us"] / res["replay_predicted_us"] - 1) < 0.6, res
     # the largest bound within 1 % of the fastest is chosen (fewer messages), so a baseline
     # may be predicted up to 1 % faster than dpro's pick, never more
-    assert min(res["baselines_us"].values()) * (1 + ps_search.SAME_WITHIN) >= res["best_us"] * (1 - 1e-9)
+    assert min(res["baselines_us"].values()) * (1 + bound_search.SAME_WITHIN) >= res["best_us"] * (1 - 1e-9)
     mx = json.loads((tmp_path / "s" / "mxnet.json").read_text())
     assert mxnet_env(tmp_path / "s")["MXNET_KVSTORE_BIGARRAY_BOUND"] == str(mx["MXNET_KVSTORE_BIGARRAY_BOUND"])
     # a strategy that splits the three weights of at least 524288 elements, run for real
@@ -149,7 +149,7 @@ def test_server_costs_fitted_by_hand():
     200 + 0.01 * 2B µs; two small pieces overlap and form one busy period (2 messages, 4000
     B, 440 µs). Updates take 50 + 0.001 B µs."""
     from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-    from dpro.optimizer.ps import fit_server_link, fit_update
+    from dpro.optimizer.ps.costs import fit_server_link, fit_update
 
     ops, events = {}, []
     for key, b in ((0, 1000), (1, 100_000), (2, 400_000), (3, 1000)):
@@ -183,7 +183,7 @@ def test_link_fit_takes_the_side_that_ran_at_its_cap():
     the side at the cap: alpha 100, beta 0.01. With 2 workers (S = N) only the servers'
     answers count."""
     from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-    from dpro.optimizer.ps import fit_server_link
+    from dpro.optimizer.ps.costs import fit_server_link
 
     def job(workers: int) -> GTrace:
         b, nodes = 400_000, {}

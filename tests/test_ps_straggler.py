@@ -30,7 +30,7 @@ pytest.importorskip("scipy")
 
 from dpro.profiler.mxnet_backend import _with_header  # noqa: E402
 from dpro.profiler.mxnet_collect import collect_mxnet  # noqa: E402
-from dpro.replayer.overhead import measured_overhead  # noqa: E402
+from dpro.graph.overhead import measured_overhead  # noqa: E402
 from dpro.replayer.replay import replay  # noqa: E402
 
 T0 = 1_700_000_000_000_000.0

@@ -306,7 +306,7 @@ def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path, model, groups)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     gt = load_gtrace(out)
     params = [p["name"] for p in json.loads((out / "raw" / "rank0.meta.json").read_text())["params"]]
-    from dpro.optimizer.horovod_profile import ran_defaults
+    from dpro.optimizer.horovod import ran_defaults
 
     assert all(not ran_defaults(nt) for nt in gt.workers())  # its own groups: not Horovod's default
     assert ran_defaults(load_gtrace(profiled).nodes["worker0"])

@@ -11,16 +11,16 @@ import pytest
 
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost
-from dpro.optimizer.apply import xla_jit_compile
+from dpro.apply import xla_jit_compile
 from dpro.optimizer.evaluate import analyse, iteration_us
-from dpro.optimizer.model import CompOp, JobModel, Unit
+from dpro.optimizer.job_model import CompOp, JobModel, Unit
 from dpro.optimizer.optimize import XLA_BASELINE, OptimizeResult, _keep_graph_unless_xla_gains, baselines, realize
 from dpro.optimizer.output import strategy_files
 from dpro.optimizer.search import SearchResult
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.xla import fused_us, region, xla_fusion, xla_strategy
-from dpro.passes.base import PassContext
-from dpro.passes.op_fusion import OpFusion
+from dpro.optimizer.passes.base import PassContext
+from dpro.optimizer.passes.op_fusion import OpFusion
 
 
 def tf_job(ops: list[tuple[str, str, float, float]], units: list[Unit], *, ratio: float | None = 0.5,

@@ -8,7 +8,7 @@ wall clock per step, ending in ``waitall``). Measured = median over runs of the 
 median step (mean over workers), steps after the warm-up. Prints predicted vs measured,
 predicted vs the trace's own steps, and the profiling overhead (trace vs measured); then,
 apart, the overhead the recorder measured itself (its step walls: the warm-up and the
-calls after the window vs the window, dpro.replayer.overhead) and the prediction with it
+calls after the window vs the window, dpro.graph.overhead) and the prediction with it
 removed (``predicted_unprofiled_iteration_us``).
 
 Jobs ``*-capR`` put every server and worker in its own network namespace behind an R

@@ -5,7 +5,7 @@ The job is benchmarks/search_speed.py's synthetic ResNet-50 (161 gradient tensor
 tensor in gradient-ready order, MXNet's placement rule, S servers, N workers, alpha 500 µs
 per message and 1 GB/s ports (the order of this VM's capped runs), server updates
 ``300 µs + 0.4 ns/B``. The search replays every distinct bound at flow level
-(dpro/optimizer/fluid.py); this prints its time and one replay's.
+(dpro/replayer/port_sharing.py); this prints its time and one replay's.
 
     python benchmarks/optimize/ps_search_speed.py [--workers 16] [--servers 8] [--json]
 """
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from search_speed import resnet50_job  # noqa: E402
 
 from dpro.graph.comm_model import LinkCost  # noqa: E402
-from dpro.optimizer import ps_search  # noqa: E402
+from dpro.optimizer.ps import bound_search  # noqa: E402
 from dpro.optimizer.evaluate import iteration_us  # noqa: E402
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND  # noqa: E402
-from dpro.optimizer.ps import PsLayout, mxnet_home  # noqa: E402
+from dpro.optimizer.ps.layout import PsLayout, mxnet_home  # noqa: E402
 
 
 def ps_job(workers: int, servers: int):
@@ -47,18 +47,18 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     m = ps_job(a.workers, a.servers)
-    default = ps_search.with_bound(m, MXNET_DEFAULT_BOUND)
+    default = bound_search.with_bound(m, MXNET_DEFAULT_BOUND)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
         t_default = iteration_us(m, default)
         times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
-    res = ps_search.search(m)[0]
+    res = bound_search.search_bounds(m)[0]
     dt = time.perf_counter() - t0
     out = {"workers": a.workers, "servers": a.servers, "keys": len(m.units), "ops": len(m.ops),
            "replay_s": statistics.median(times), "search_s": dt, "evaluations": res.evaluations,
-           "default_us": t_default, "best_us": res.iteration_us, "bound": ps_search.bound_of(m, res.strategy)}
+           "default_us": t_default, "best_us": res.iteration_us, "bound": bound_search.bound_of(m, res.strategy)}
     if a.json:
         print(json.dumps(out, indent=1))
         return

@@ -55,26 +55,36 @@ class CompiledGraph:
         src, dst = self.edges()
         m = keep[src] & keep[dst]
         g = compile_graph(
-            [self.names[i] for i in old],
-            self.dur[old], self.gap[old], self.cat[old], self.device[old], self.prio[old],
-            new_of[src[m]], new_of[dst[m]],
-            self.devices, self.device_owner, self.owners, self.device_is_comm, dict(self.meta),
+            names=[self.names[i] for i in old],
+            dur=self.dur[old], gap=self.gap[old], cat=self.cat[old], device=self.device[old], prio=self.prio[old],
+            src=new_of[src[m]], dst=new_of[dst[m]],
+            devices=self.devices, device_owner=self.device_owner, owners=self.owners,
+            device_is_comm=self.device_is_comm, meta=dict(self.meta),
         )
         return g, old
 
 
 def compile_graph(
+    *,
     names: list[str],
-    dur, gap, cat, device, prio,
+    dur, cat, device, prio,
     src, dst,
     devices: list[str],
     device_owner,
     owners: list[str],
     device_is_comm,
+    gap=None,
     meta: dict | None = None,
 ) -> CompiledGraph:
-    """Build the CSR form from edge lists (duplicate edges are removed)."""
+    """Build the CSR form from edge lists (duplicate edges are removed).
+
+    Per op: ``names``, ``dur`` (charged µs, host gap included), ``gap`` (that gap; default
+    none), ``cat`` (:data:`CAT_CODE`), ``device`` (index into ``devices``), ``prio``; edges
+    ``src[i] -> dst[i]``; per device: ``device_owner`` (index into ``owners``) and
+    ``device_is_comm``. :class:`dpro.graph.builder.GraphBuilder` builds these lists."""
     n = len(names)
+    if gap is None:
+        gap = np.zeros(n)
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     if len(src):

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-
+from dpro.graph.builder import GraphBuilder
 from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
-from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
+from dpro.graph.compiled import CompiledGraph
+from dpro.graph.intervals import busy_periods
+from dpro.graph.overhead import measured_overhead, scale_overhead
 from dpro.graph.stats import OpStats, node_stats
 from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
 from dpro.gtrace.validate import PAIRS
@@ -36,7 +38,7 @@ class BuildOptions:
     link_cost: LinkCost | None = None
     #: restrict to these steps (default: the manifest's)
     steps: list[int] | None = None
-    #: scale each worker's CPU ops by its measured profiling overhead (dpro.replayer.overhead):
+    #: scale each worker's CPU ops by its measured profiling overhead (dpro.graph.overhead):
     #: predict the job as it runs unprofiled
     remove_overhead: bool = False
 
@@ -51,62 +53,13 @@ class BuildInfo:
     notes: list[str] = field(default_factory=list)
 
 
-class GraphBuilder:
-    """Accumulates ops and edges, then compiles them."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.dur: list[float] = []
-        self.gap: list[float] = []
-        self.cat: list[int] = []
-        self.device: list[int] = []
-        self.prio: list[float] = []
-        self.src: list[int] = []
-        self.dst: list[int] = []
-        self.devices: list[str] = []
-        self.dev_index: dict[str, int] = {}
-        self.device_owner: list[int] = []
-        self.device_is_comm: list[bool] = []
-        self.owners: list[str] = []
-        self.owner_index: dict[str, int] = {}
-
-    def dev(self, name: str, owner: str, is_comm: bool) -> int:
-        d = self.dev_index.get(name)
-        if d is None:
-            if owner not in self.owner_index:
-                self.owner_index[owner] = len(self.owners)
-                self.owners.append(owner)
-            d = self.dev_index[name] = len(self.devices)
-            self.devices.append(name)
-            self.device_owner.append(self.owner_index[owner])
-            self.device_is_comm.append(is_comm)
-        return d
-
-    def op(self, name: str, dur: float, gap: float, cat: str, device: int, prio: float) -> int:
-        self.names.append(name)
-        self.dur.append(dur + gap)
-        self.gap.append(gap)
-        self.cat.append(CAT_CODE[cat])
-        self.device.append(device)
-        self.prio.append(prio)
-        return len(self.names) - 1
-
-    def edge(self, a: int, b: int) -> None:
-        self.src.append(a)
-        self.dst.append(b)
-
-    def compile(self, meta: dict | None = None) -> CompiledGraph:
-        return compile_graph(
-            self.names, self.dur, self.gap, self.cat, self.device, self.prio, self.src, self.dst,
-            self.devices, self.device_owner, self.owners, self.device_is_comm, meta,
-        )
-
-
-def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, int, float]]:
+def _collective_busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]],
+                             groups: dict[str, list[tuple[str, str]]]) -> list[tuple[int, int, int, float]]:
     """(collectives, total bytes, ranks, duration µs) per busy period of complete AllReduces.
 
     A collective instance starts when its last rank started it and ends when its last rank
-    finished; overlapping instances of one step form one period (see comm_model).
+    finished; overlapping instances of one step over as many ranks form one period (see
+    comm_model).
     """
     inst: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
     for txn, members in groups.items():
@@ -118,52 +71,48 @@ def _busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]], groups: dict
         for s, v in per_step.items():
             if len(v) == len(members):
                 inst[s].append((max(t for t, _ in v), max(e for _, e in v), nbytes, len(members)))
-    out = []
-    for v in inst.values():
-        v.sort()
-        i = 0
-        while i < len(v):
-            t0, t1, nb, n = v[i]
-            m, j = 1, i + 1
-            while j < len(v) and v[j][0] < t1 and v[j][3] == n:
-                t1 = max(t1, v[j][1])
-                nb += v[j][2]
-                m, j = m + 1, j + 1
-            out.append((m, nb, n, t1 - t0))
-            i = j
-    return out
+    return [(p.pieces, p.bytes, p.group, p.duration_us) for v in inst.values() for p in busy_periods(v)]
 
 
 #: device name prefixes of accelerator streams (Kineto imports: ``gpu0:s7``; tests: ``cuda:0``)
 ACCELERATORS = ("gpu", "cuda")
 
 
-def _remove_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> None:
-    """Each worker's measured profiling overhead off the ops it ran on its CPU: host-side
-    ops and, in a job with no accelerator, its collectives' own parts (gloo, Horovod on CPU)."""
-    from dpro.replayer.overhead import measured_overhead, scale_overhead
-
+def _without_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> dict[str, dict[str, OpStats]]:
+    """``stats`` with each worker's measured profiling overhead taken off the ops it ran on
+    its CPU: host-side ops and, in a job with no accelerator, its collectives' own parts
+    (gloo, Horovod on CPU). The scaled ops are copies: ``stats`` is left as it is."""
+    out = dict(stats)
     for name, nt in gt.nodes.items():
         ov = measured_overhead(nt) if nt.info.role == "worker" else None
         if ov is None:
             continue
         cpu_only = not any(op.device.startswith(ACCELERATORS) for op in nt.ops.values())
-        ops = [stats[name][op.id] for op in nt.ops.values() if op.id in stats[name]
+        ids = [op.id for op in nt.ops.values() if op.id in stats[name]
                and (op.device.startswith("cpu") or (cpu_only and op.cat == "COMM"))]
-        r = scale_overhead(ov, ops)
+        scaled = [replace(stats[name][i]) for i in ids]
+        r = scale_overhead(ov, scaled)
         if r != 1.0:
-            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ops)} ops "
+            out[name] = {**stats[name], **dict(zip(ids, scaled))}
+            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ids)} ops "
                               f"on its CPU{' (collectives included)' if cpu_only else ''} scaled by {r:.3f}")
+    return out
 
 
-def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[CompiledGraph, BuildInfo]:
-    """Build the global DFG of ``gt`` ready for replay."""
+def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
+                     stats: dict[str, dict[str, OpStats]] | None = None) -> tuple[CompiledGraph, BuildInfo]:
+    """Build the global DFG of ``gt`` ready for replay.
+
+    ``stats``: every node's op statistics over the steps the options select
+    (``{node name: node_stats(nt, steps)}``), where the caller has them already; they are
+    not changed (``remove_overhead`` scales copies)."""
     opts = options or BuildOptions()
     info = BuildInfo()
     steps = opts.steps or gt.manifest.steps or None
-    stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
+    if stats is None:
+        stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
     if opts.remove_overhead:
-        _remove_overhead(gt, stats, info)
+        stats = _without_overhead(gt, stats, info)
     present = {nt.info.rank: name for name, nt in gt.nodes.items() if nt.info.role == "worker"}
 
     # Coarse AllReduce transactions whose whole group is present get expanded.
@@ -180,7 +129,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
             complete[txn] = members
     cost = opts.link_cost
     if opts.expand_collectives and complete and cost is None:
-        cost = fit_link_cost(_busy_periods(gt, stats, complete))
+        cost = fit_link_cost(_collective_busy_periods(gt, stats, complete))
         if cost is None:
             info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
     info.link_cost = cost
@@ -203,19 +152,19 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
         non_comm = {op.device for op in nt.ops.values() if op.cat != "COMM"}
         for op in nt.ops.values():
             s = st[op.id]
-            d = b.dev(f"{name}/{op.device}", name, op.device not in non_comm)
+            d = b.add_device(f"{name}/{op.device}", owner=name, is_comm=op.device not in non_comm)
             if op.txn in expand:
-                i_in = b.op(f"{name}/{op.id}:IN", 0.0, s.gap, "COMM", d, s.offset)
-                i_out = b.op(f"{name}/{op.id}:OUT", 0.0, 0.0, "COMM", d, s.offset)
+                i_in = b.add_op(f"{name}/{op.id}:IN", dur=0.0, gap=s.gap, cat="COMM", device=d, prio=s.offset)
+                i_out = b.add_op(f"{name}/{op.id}:OUT", dur=0.0, cat="COMM", device=d, prio=s.offset)
                 idx[(name, op.id)], ends[(name, op.id)] = i_in, i_out
             else:
                 # A consumer (RECV, PUSH_RES, PULL_RES) whose producer is in the trace waits for it
                 # through a cross-node edge; its local gap would count that wait a second time.
                 gap = 0.0 if (name, op.id) in paired_consumers else s.gap
-                i = b.op(f"{name}/{op.id}", s.dur, gap, op.cat, d, s.offset)
+                i = b.add_op(f"{name}/{op.id}", dur=s.dur, gap=gap, cat=op.cat, device=d, prio=s.offset)
                 idx[(name, op.id)] = ends[(name, op.id)] = i
         for u, v in nt.edges:
-            b.edge(ends[(name, u)], idx[(name, v)])
+            b.add_edge(ends[(name, u)], idx[(name, v)])
 
     # Ring AllReduce expansion.
     for txn in sorted(expand):
@@ -232,24 +181,24 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None) -> tuple[C
             for j, r in enumerate(ranks):
                 nxt = ranks[(j + 1) % n]
                 node = by_rank[r][0]
-                d = b.dev(f"link:{r}->{nxt}", node, True)
-                i = b.op(f"{txn}/ring{s}/{r}->{nxt}", step_dur, 0.0, "COMM", d, prio)
+                d = b.add_device(f"link:{r}->{nxt}", owner=node, is_comm=True)
+                i = b.add_op(f"{txn}/ring{s}/{r}->{nxt}", dur=step_dur, cat="COMM", device=d, prio=prio)
                 if s == 0:
-                    b.edge(idx[by_rank[r]], i)
-                    b.edge(idx[by_rank[nxt]], i)
+                    b.add_edge(idx[by_rank[r]], i)
+                    b.add_edge(idx[by_rank[nxt]], i)
                 else:
-                    b.edge(prev[j - 1], i)  # the chunk received from the previous rank
-                    b.edge(prev[j], i)
+                    b.add_edge(prev[j - 1], i)  # the chunk received from the previous rank
+                    b.add_edge(prev[j], i)
                 cur.append(i)
             prev = cur
         for j, r in enumerate(ranks):
-            b.edge(prev[j - 1], ends[by_rank[r]])
-            b.edge(prev[j], ends[by_rank[r]])
+            b.add_edge(prev[j - 1], ends[by_rank[r]])
+            b.add_edge(prev[j], ends[by_rank[r]])
         info.expanded += 1
     info.kept_coarse = len(groups) - len(expand)
 
     for producer, consumer in pairs:
-        b.edge(ends[producer], idx[consumer])
+        b.add_edge(ends[producer], idx[consumer])
 
     g = b.compile({"link_cost": cost})
     return g, info

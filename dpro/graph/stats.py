@@ -25,6 +25,8 @@ from dpro.gtrace.schema import NodeTrace
 
 @dataclass(slots=True)
 class OpStats:
+    """An op's mean own time and host gap over the steps, its start offset, its samples."""
+
     dur: float
     gap: float
     #: median start offset from the step start (FIFO tie-break, timelines)

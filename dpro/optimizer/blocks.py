@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 
 
 @dataclass(frozen=True, slots=True)
 class Block:
+    """A module's forward and backward ops (see the module docstring)."""
+
     name: str
     #: nesting depth of the module (``a.b.c`` -> 3)
     depth: int

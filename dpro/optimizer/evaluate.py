@@ -1,24 +1,8 @@
-"""Model + strategy -> a graph of one worker -> replayed iteration time.
+"""Model + strategy -> replayed iteration time (the graph: :mod:`dpro.optimizer.worker_graph`).
 
-The graph (symmetry: every worker is the representative one, so one is enough):
-
-* computation ops on their device queues, with own time + host gap; a fused chain is one
-  op of its estimated duration;
-* per synchronisation group, in launch order: an ``IN`` op on the ``comm`` queue (the
-  launch: the host time of one collective launch; it waits for the group's ``ready``
-  ops and for the previous group's launch, as DDP and Horovod launch in order), then the
-  transfer, then an ``OUT`` op the units' consumers wait for;
-* AllReduce transfer: each of the group's k pieces is a chain of 2(N-1) ring steps of
-  ``alpha + beta * bytes/(k N)`` on the ``link`` device (by symmetry the link out of this
-  worker behaves like every other link);
-* parameter server (``scheme == "ps"``, :mod:`dpro.optimizer.ps`): piece p of a group whose
-  unsplit home is server h goes to server ``(h + p) mod S``; a push on this worker's
-  connection to that server, the server's update (``update_alpha + update_beta *
-  bytes/k`` on its CPU), then a pull. The messages are replayed at flow level
-  (:mod:`dpro.optimizer.fluid`): one at a time per connection, ``alpha`` each, their bytes
-  sharing the worker's port and at most 1/N of the server's.
-
-Partial replay: :func:`sync_time` replays only a group's communication subgraph.
+* :func:`iteration_us`: the predicted iteration time of a strategy;
+* :func:`sync_time`: partial replay, a group's communication subgraph alone;
+* :func:`analyse`: the replayed schedule with its critical path and every node's slack.
 """
 
 from __future__ import annotations
@@ -27,385 +11,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpro.graph.comm_model import ring_steps
-from dpro.graph.compiled import CAT_CODE, CompiledGraph, compile_graph
-from dpro.optimizer import contention, fluid
-from dpro.optimizer.fluid import PULL, PUSH, Flow
-from dpro.optimizer.model import JobModel
-from dpro.optimizer.ps import piece_server
+from dpro.optimizer.job_model import JobModel, Unit
 from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.worker_graph import KIND_COMP, KIND_XFER, BuiltGraph, build
+from dpro.replayer.cpu_contention import simulate_contended
+from dpro.replayer.critical_path import critical_path_indices
 from dpro.replayer.engine import Schedule, simulate
-
-KIND_COMP, KIND_IN, KIND_XFER, KIND_OUT = 0, 1, 2, 3
-
-#: categories of the ops a micro-batch runs (gradient accumulation repeats them)
-MICRO = ("FW", "BW")
-#: name of a recomputed block's node, and of a copy of an op in an earlier micro-batch
-RECOMPUTE_PREFIX = "recompute:"
-MB_SEP = "@mb"
+from dpro.replayer.port_sharing import simulate_port_sharing
 
 
-@dataclass
-class BuiltGraph:
-    """A compiled graph and, per node, what it stands for."""
-
-    graph: CompiledGraph
-    kind: np.ndarray  #: KIND_* per node
-    group: np.ndarray  #: group index (sync nodes) or -1
-    ops: list[tuple[str, ...]]  #: computation op ids per node (empty for sync nodes)
-    node_of_op: dict[str, int]
-    #: PS messages (:mod:`dpro.optimizer.fluid`) by node; None: every node on its FIFO device
-    flows: dict[int, Flow] | None = None
-
-
-#: (device, duration, label, the message it sends or None) of one step of a piece
-XferStep = tuple[str, float, str, Flow | None]
-
-
-def _piece_chains(model: JobModel, nbytes: float, k: int, home: int = 0) -> list[list[XferStep]]:
-    """The transfer of a group split in ``k``: per piece, the chain of its steps (device,
-    duration, label, the message's flow or None), run one after the other.
-
-    Ring AllReduce: 2(N-1) steps on the ``link``. Parameter server (``home``: the group's
-    server): push -> the server's update -> pull, the push and pull messages on this
-    worker's connection to the piece's server (:mod:`dpro.optimizer.fluid` shares the ports
-    among them; their duration is what one takes alone)."""
-    n, lc = max(1, model.world_size), model.link
-    if model.scheme != "ps":
-        if n <= 1:
-            return [[] for _ in range(k)]
-        step = lc.step_us(nbytes / (k * n))
-        return [[("link", step, f"piece{p}:step{i}", None) for i in range(ring_steps(n))] for p in range(k)]
-    lay, alone, out = model.ps, lc.alpha + lc.beta * n * nbytes / k, []
-    for p in range(k):
-        s = piece_server(home, p, model.servers)
-        chain: list[XferStep] = [(f"link:server{s}:push", alone, f"piece{p}:push@server{s}", Flow(nbytes / k, PUSH))]
-        if lay is not None:
-            chain.append((f"server{s}", lay.update_alpha + lay.update_beta * nbytes / k,
-                          f"piece{p}:update@server{s}", None))
-        chain.append((f"link:server{s}:pull", alone, f"piece{p}:pull@server{s}", Flow(nbytes / k, PULL)))
-        out.append(chain)
-    return out
-
-
-def build(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> BuiltGraph:
-    """The replayable graph of ``strategy`` applied to ``model``."""
-    names: list[str] = []
-    dur: list[float] = []
-    cat: list[int] = []
-    device: list[int] = []
-    prio: list[float] = []
-    kind: list[int] = []
-    group: list[int] = []
-    opsof: list[tuple[str, ...]] = []
-    devices: list[str] = []
-    dev_index: dict[str, int] = {}
-    src: list[int] = []
-    dst: list[int] = []
-
-    def dev(name: str) -> int:
-        if name not in dev_index:
-            dev_index[name] = len(devices)
-            devices.append(name)
-        return dev_index[name]
-
-    def node(name: str, d: float, c: str, dv: str, p: float, k: int, g: int, ops: tuple[str, ...] = ()) -> int:
-        names.append(name)
-        dur.append(d)
-        cat.append(CAT_CODE[c])
-        device.append(dev(dv))
-        prio.append(p)
-        kind.append(k)
-        group.append(g)
-        opsof.append(ops)
-        return len(names) - 1
-
-    node_of_op: dict[str, int] = {}
-    flows: dict[int, Flow] = {}
-    mb = max(1, strategy.accum)
-
-    in_mb = micro_ops(model) if mb > 1 else frozenset()
-
-    def comp_dur(ops: tuple[str, ...], d: float) -> float:
-        # a micro-batch of 1/k of the batch: the ops' own time scales (or is interpolated
-        # from a trace at a smaller batch), the host gaps do not
-        o = model.ops[ops[0]]
-        if mb == 1 or ops[0] not in in_mb or o.cat not in MICRO:
-            return d
-        own = sum(model.ops[x].dur for x in ops)
-        return max(0.0, d - own) + micro_own_us(model, ops, mb)
-
-    for f in strategy.fusions:
-        first = model.ops[f.ops[0]]
-        i = node("+".join(f.ops), comp_dur(f.ops, f.dur), first.cat, first.device, first.prio, KIND_COMP, -1, f.ops)
-        for o in f.ops:
-            node_of_op[o] = i
-    scale = {sc.op: sc.time for sc in strategy.scales}
-    for op in model.ops.values():
-        if op.id not in node_of_op:
-            own = op.dur * scale.get(op.id, 1.0)
-            node_of_op[op.id] = node(op.id, comp_dur((op.id,), own + op.gap), op.cat, op.device, op.prio,
-                                     KIND_COMP, -1, (op.id,))
-    comp_edges = {(node_of_op[a], node_of_op[b]) for a, b in model.edges if node_of_op[a] != node_of_op[b]}
-    for name in strategy.recompute:
-        comp_edges |= _recompute_node(model, name, node_of_op, comp_edges, mb, node)
-    if mb > 1:
-        def clone(i: int, j: int, shift: float) -> int:
-            names.append(f"{names[i]}{MB_SEP}{j}")
-            for lst in (dur, cat, device, kind, group):
-                lst.append(lst[i])
-            prio.append(prio[i] - shift)
-            opsof.append(tuple(f"{o}{MB_SEP}{j}" for o in opsof[i]))
-            return len(names) - 1
-
-        micro = [i for i, ops in enumerate(opsof) if ops[0].startswith(RECOMPUTE_PREFIX) or ops[0] in in_mb]
-        lo, hi = min(prio[i] for i in micro), max(prio[i] for i in micro)
-        skip = {i for i in range(len(names)) if lo <= prio[i] <= hi} - set(micro)
-        comp_edges |= _micro_batches(micro, skip, mb, comp_edges, max(prio) - min(prio) + 1.0, clone)
-    for a, b in sorted(comp_edges):
-        src.append(a)
-        dst.append(b)
-
-    anc = _ancestors(model)
-    reach = 0  # ops that must end before some group launched so far can launch
-    prev_in = -1
-    for g, members in enumerate(strategy.groups):
-        for u in members:
-            for r in model.units[u].ready:
-                reach |= anc[r]
-        k = strategy.partitions[g]
-        nbytes = float(sum(model.units[u].bytes for u in members))
-        i_in = node(f"group{g}:IN", model.launch_us, "COMM", "comm", g, KIND_IN, g)
-        i_out = node(f"group{g}:OUT", 0.0, "COMM", "comm", g + 0.5, KIND_OUT, g)
-        for u in members:
-            for r in model.units[u].ready:
-                src.append(node_of_op[r]); dst.append(i_in)
-            for c in model.units[u].consumers:
-                # A wait recorded inside the backward pass (e.g. CPU contention with the
-                # collective) cannot survive a grouping that launches after that op.
-                if not (reach >> model.op_index[c]) & 1:
-                    src.append(i_out); dst.append(node_of_op[c])
-        if prev_in >= 0:
-            src.append(prev_in); dst.append(i_in)
-        prev_in = i_in
-        home = model.ps.home[members[0]] if model.ps is not None else 0
-        for p, chain in enumerate(_piece_chains(model, nbytes, k, home)):
-            last = i_in
-            for dv, t, label, flow in chain:
-                i = node(f"group{g}:{label}", t, "COMM", dv, g + p / (k + 1), KIND_XFER, g)
-                src.append(last); dst.append(i)
-                last = i
-                if flow is not None:
-                    flows[i] = flow
-            src.append(last); dst.append(i_out)
-    owner = np.zeros(len(devices), dtype=np.int64)
-    is_comm = np.array([d == "comm" or d.startswith(("link", "server")) for d in devices], dtype=bool)
-    if coarsen and not flows:
-        return _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm)
-    g = compile_graph(names, dur, np.zeros(len(names)), cat, device, prio, src, dst, devices, owner, ["worker"], is_comm)
-    return BuiltGraph(g, np.array(kind), np.array(group), opsof, node_of_op, flows or None)
-
-
-def micro_ops(model: JobModel) -> frozenset[str]:
-    """The ops each micro-batch runs: every computation op from the step's first forward
-    op to its last backward op, except updates and the ops that wait for a
-    synchronisation (e.g. DDP copying reduced buckets back: not under ``no_sync()``)."""
-    fb = [o.prio for o in model.ops.values() if o.cat in MICRO]
-    if not fb:
-        return frozenset()
-    lo, hi = min(fb), max(fb)
-    waits = {c for u in model.units for c in u.consumers}
-    return frozenset(o.id for o in model.ops.values() if lo <= o.prio <= hi and o.cat != "UPDATE" and o.id not in waits)
-
-
-def micro_own_us(model: JobModel, ops: tuple[str, ...], k: int) -> float:
-    """Own time of ``ops`` on 1/k of the batch: interpolated per op between the two
-    measured batch sizes when the model has a trace at a smaller batch
-    (:func:`dpro.optimizer.micro.attach_micro_trace`), else 1/k of the full-batch time."""
-    if model.micro is None:
-        return sum(model.ops[o].dur for o in ops) / k
-    r, small = model.micro
-    x = 1.0 / k
-    out = 0.0
-    for o in ops:
-        tb = model.ops[o].dur
-        tr = small.get(o)
-        out += tb * x if tr is None else max(0.0, tr + (tb - tr) * (x - r) / (1.0 - r))
-    return out
-
-
-def _recompute_node(model: JobModel, name: str, node_of_op: dict[str, int], edges: set[tuple[int, int]], k: int,
-                    node) -> set[tuple[int, int]]:
-    """Add the node that reruns block ``name``'s forward before its backward; its edges.
-
-    It waits for what the block's first backward op waits for and every backward op of
-    the block waits for it (acyclic: that op is the earliest of the block's backward)."""
-    from dpro.optimizer.blocks import block
-
-    b = block(model, name)
-    if not b.fw or not b.bw:
-        return set()
-    fw = model.ops[b.fw[0]]
-    d = sum(model.ops[o].gap for o in b.fw) + (micro_own_us(model, b.fw, k) if k > 1 else
-                                               sum(model.ops[o].dur for o in b.fw))
-    first_bw = model.ops[b.bw[0]]
-    r = node(RECOMPUTE_PREFIX + name, d, "BW", fw.device, first_bw.prio - 1e-3, KIND_COMP, -1, (RECOMPUTE_PREFIX + name,))
-    bw_nodes = {node_of_op[o] for o in b.bw}
-    head = node_of_op[b.bw[0]]
-    out = {(a, r) for a, c in edges if c == head and a not in bw_nodes}
-    out |= {(r, c) for c in bw_nodes}
-    return out
-
-
-def _micro_batches(micro: list[int], skip: set[int], k: int, edges: set[tuple[int, int]], span: float,
-                   clone) -> set[tuple[int, int]]:
-    """Gradient accumulation: copies of the forward/backward nodes ``micro`` for micro-batches 1..k-1.
-
-    The existing nodes are the last micro-batch (its backward launches the
-    synchronisation); copy j runs before copy j+1: its last nodes feed the next copy's
-    first ones. What precedes the forward (the batch, zero_grad) precedes copy 1; what
-    follows the backward (the update) follows the last micro-batch only; ``skip`` (nodes
-    amid the micro-batch that it does not run, e.g. waits for a synchronisation) are
-    bypassed in the copies. ``clone(i, j, shift)`` adds a copy of node i for micro-batch
-    j, ``shift`` earlier."""
-    mset = set(micro)
-    succ: dict[int, list[int]] = {}
-    for a, b in edges:
-        succ.setdefault(a, []).append(b)
-    inner: set[tuple[int, int]] = set()
-    for a in micro:
-        stack, seen = list(succ.get(a, ())), set()
-        while stack:
-            b = stack.pop()
-            if b in mset:
-                inner.add((a, b))
-            elif b in skip and b not in seen:
-                seen.add(b)
-                stack.extend(succ.get(b, ()))
-    has_in = {b for _, b in inner}
-    has_out = {a for a, _ in inner}
-    sources = [i for i in micro if i not in has_in]
-    sinks = [i for i in micro if i not in has_out]
-    out: set[tuple[int, int]] = set()
-    prev: dict[int, int] | None = None
-    for j in range(1, k):
-        cp = {i: clone(i, j, (k - j) * span) for i in micro}
-        out |= {(cp[a], cp[b]) for a, b in inner}
-        if prev is None:
-            out |= {(a, cp[b]) for a, b in edges if b in mset and a not in mset and a not in skip}
-        else:
-            out |= {(prev[a], cp[b]) for a in sinks for b in sources}
-        prev = cp
-    if prev is not None:
-        out |= {(prev[a], b) for a in sinks for b in sources}
-    return out
-
-
-def build_all_workers(model: JobModel, strategy: Strategy) -> CompiledGraph:
-    """The same strategy with every worker in the graph (no symmetry): N copies of the
-    worker, and each ring step on rank r also waiting for the previous rank's step (the
-    chunk it receives), as the replayer's global DFG does. With identical workers it
-    replays to the same iteration time as :func:`build` (tested); it exists to measure
-    what the symmetry saves (benchmarks/search_speed.py)."""
-    built = build(model, strategy)
-    one, is_x = built.graph, built.kind == KIND_XFER
-    n, world = one.n, max(1, model.world_size)
-    src, dst = one.edges()
-    names, dur, cat, dev, prio = [], [], [], [], []
-    devices: list[str] = [f"w{r}/{d}" for r in range(world) for d in one.devices]
-    nd = len(one.devices)
-    for r in range(world):
-        names += [f"w{r}/{x}" for x in one.names]
-        dur.append(one.dur)
-        cat.append(one.cat)
-        dev.append(one.device + r * nd)
-        prio.append(one.prio)
-    s_all, d_all = [], []
-    cross = is_x[dst] | (is_x[src] & ~is_x[dst])  # into a ring step, or from the last step into OUT
-    for r in range(world):
-        s_all.append(src + r * n)
-        d_all.append(dst + r * n)
-        prev = (r - 1) % world
-        s_all.append(src[cross] + prev * n)
-        d_all.append(dst[cross] + r * n)
-    owner = np.repeat(np.arange(world), nd)
-    return compile_graph(names, np.concatenate(dur), np.zeros(n * world), np.concatenate(cat), np.concatenate(dev),
-                         np.concatenate(prio), np.concatenate(s_all), np.concatenate(d_all), devices, owner,
-                         [f"w{r}" for r in range(world)], np.tile(one.device_is_comm, world))
-
-
-def _ancestors(model: JobModel) -> dict[str, int]:
-    """Per op, a bit set (over ``model.op_index``) of the op and its ancestors."""
-    if model.ancestors is None:
-        preds: dict[str, list[str]] = {o: [] for o in model.ops}
-        for a, b in model.edges:
-            preds[b].append(a)
-        anc: dict[str, int] = {}
-        for o in model.topo_order():
-            bits = 1 << model.op_index[o]
-            for p in preds[o]:
-                bits |= anc[p]
-            anc[o] = bits
-        model.ancestors = anc
-    return model.ancestors
-
-
-def _coarsen(names, dur, cat, device, prio, kind, group, opsof, src, dst, devices, owner, is_comm) -> BuiltGraph:
-    """Contract chains u -> v of computation ops on one device where u's only successor is v
-    and v's only predecessor is u: the chain replays exactly as one op (the paper's
-    coarsened view). Sync nodes are never contracted."""
-    n = len(names)
-    outs = [[] for _ in range(n)]
-    ins = [[] for _ in range(n)]
-    for a, b in set(zip(src, dst)):
-        outs[a].append(b)
-        ins[b].append(a)
-    head = list(range(n))
-    for v in sorted(range(n), key=lambda i: prio[i]):
-        if kind[v] != KIND_COMP or len(ins[v]) != 1:
-            continue
-        u = ins[v][0]
-        if kind[u] == KIND_COMP and len(outs[u]) == 1 and device[u] == device[v]:
-            head[v] = head[u]
-    # resolve heads along chains (heads form forests pointing backwards)
-    for v in range(n):
-        h = head[v]
-        while head[h] != h:
-            h = head[h]
-        head[v] = h
-    keep = sorted({head[v] for v in range(n)})
-    new = {h: i for i, h in enumerate(keep)}
-    ndur = np.zeros(len(keep))
-    nops: list[tuple[str, ...]] = [() for _ in keep]
-    for v in range(n):
-        ndur[new[head[v]]] += dur[v]
-        nops[new[head[v]]] += opsof[v]
-    es = {(new[head[a]], new[head[b]]) for a, b in zip(src, dst) if head[a] != head[b]}
-    s2 = [a for a, _ in es]
-    d2 = [b for _, b in es]
-    g = compile_graph([names[h] for h in keep], ndur, np.zeros(len(keep)), [cat[h] for h in keep],
-                      [device[h] for h in keep], [prio[h] for h in keep], s2, d2, devices, owner, ["worker"], is_comm)
-    node_of_op = {o: i for i, ops in enumerate(nops) for o in ops}
-    return BuiltGraph(g, np.array([kind[h] for h in keep]), np.array([group[h] for h in keep]), nops, node_of_op)
-
-
-def replay(model: JobModel, built: BuiltGraph) -> Schedule:
+def schedule_of(model: JobModel, built: BuiltGraph) -> Schedule:
     """Replay ``built``; in a CPU-only job whose collectives take CPU from its computation
     (``model.cpu``), with host ops and transfers slowed while they overlap
-    (:mod:`dpro.optimizer.contention`)."""
+    (:mod:`dpro.replayer.cpu_contention`)."""
     g = built.graph
     if built.flows:
-        return fluid.simulate(g, built.flows, model.link.alpha, model.link.beta, model.world_size)
+        return simulate_port_sharing(g, built.flows, model.link.alpha, model.link.beta, model.world_size)
     loss = model.cpu.loss if model.cpu is not None else 0.0
     if loss <= 0:
         return simulate(g)
     host = np.array([d.startswith("cpu") for d in g.devices], dtype=bool)[g.device]
-    return contention.replay(g, (built.kind == KIND_COMP) & host, built.kind == KIND_XFER, loss)
+    return simulate_contended(g, (built.kind == KIND_COMP) & host, built.kind == KIND_XFER, loss)
 
 
 def iteration_us(model: JobModel, strategy: Strategy, *, coarsen: bool = False) -> float:
     """Predicted iteration time of ``strategy`` (µs)."""
-    return replay(model, build(model, strategy, coarsen=coarsen)).makespan
+    return schedule_of(model, build(model, strategy, coarsen=coarsen)).makespan
 
 
 def sync_time(model: JobModel, nbytes: int, k: int) -> float:
@@ -416,12 +47,10 @@ def sync_time(model: JobModel, nbytes: int, k: int) -> float:
     hit = model.sync_cache.get(key)
     if hit is not None:
         return hit
-    from dpro.optimizer.model import Unit
-
     one = JobModel(ops={}, edges=[], units=[Unit("t", nbytes, [], [])], baseline_groups=[],
                    world_size=model.world_size, scheme=model.scheme, library=model.library,
                    framework=model.framework, link=model.link, launch_us=model.launch_us, servers=model.servers)
-    t = model.sync_cache[key] = replay(one, build(one, Strategy(((0,),), (k,)))).makespan
+    t = model.sync_cache[key] = schedule_of(one, build(one, Strategy(((0,),), (k,)))).makespan
     return t
 
 
@@ -441,11 +70,9 @@ def analyse(model: JobModel, strategy: Strategy) -> Analysis:
     Slack = how much a node's start can be delayed without lengthening the iteration,
     on the execution graph (data edges + the replayed order on each device).
     """
-    from dpro.replayer.critical_path import critical_path_indices
-
     built = build(model, strategy)
     g = built.graph
-    sched = replay(model, built)
+    sched = schedule_of(model, built)
     n = g.n
     src, dst = g.edges()
     order = np.lexsort((sched.end, sched.start))

@@ -9,7 +9,7 @@
 * Horovod: a background cycle (``HOROVOD_CYCLE_TIME``) fuses the tensors that became ready
   since the last cycle, up to ``HOROVOD_FUSION_THRESHOLD`` bytes per fused buffer.
 * MXNet kvstore (``dist_*``): an array of at least ``MXNET_KVSTORE_BIGARRAY_BOUND``
-  elements is split evenly across all servers (:mod:`dpro.optimizer.ps`).
+  elements is split evenly across all servers (:mod:`dpro.optimizer.ps.layout`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def ddp_buckets(sizes_ready_order: list[int], cap: int, first_cap: int | None = 
     return out
 
 
-def horovod_groups(ready_us: list[float], sizes: list[int], threshold: int = HOROVOD_DEFAULT_THRESHOLD,
+def horovod_cycle_groups(ready_us: list[float], sizes: list[int], threshold: int = HOROVOD_DEFAULT_THRESHOLD,
                    cycle_us: float = HOROVOD_DEFAULT_CYCLE_US,
                    busy_us: Callable[[int], float] | None = None) -> list[list[int]]:
     """Fused groups Horovod forms, in order.

@@ -8,19 +8,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpro.contracts import strategy_files as sf
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
+from dpro.graph.stats import OpStats, node_stats
 from dpro.gtrace.schema import GTrace
 from dpro.optimizer import libraries as lib
-from dpro.optimizer import ps_search
 from dpro.optimizer.evaluate import analyse, iteration_us
-from dpro.optimizer.memory_search import MemoryFit, evaluate_memory, fit_memory
-from dpro.optimizer.model import JobModel, job_model
+from dpro.optimizer.job_model import JobModel, job_model
+from dpro.optimizer.memory.fit import MemoryFit, evaluate_memory, fit_memory
+from dpro.optimizer.passes.base import GraphPass
+from dpro.optimizer.passes.registry import default_registry
+from dpro.optimizer.ps import bound_search
 from dpro.optimizer.search import SearchResult, search
 from dpro.optimizer.strategy import OpScale, Strategy
 from dpro.optimizer.xla import xla_fusion, xla_strategy
-from dpro.passes.base import GraphPass
-from dpro.passes.registry import default_registry
 from dpro.progress import Tick, _noop
 from dpro.replayer.replay import ReplayResult
 
@@ -39,6 +41,9 @@ class Realized:
 
 @dataclass
 class OptimizeResult:
+    """What `dpro optimize` found: the model, the baselines, the search results (best
+    first), their realisation per library, and the notes for the user."""
+
     model: JobModel
     replay_us: float
     measured_us: float | None
@@ -64,6 +69,7 @@ class OptimizeResult:
         return self.baselines["job as profiled"]
 
     def to_json(self) -> dict:
+        """The `dpro optimize --json` object."""
         m = self.model
         b = self.best
         return {
@@ -114,14 +120,14 @@ def horovod_default(model: JobModel) -> Strategy:
     tensors ready meanwhile waiting for the next cycle."""
     if model.horovod_defaults_profiled:
         return Strategy.as_profiled(model)
-    return Strategy.from_groups(lib.horovod_groups(_unit_ready_times(model), [u.bytes for u in model.units],
+    return Strategy.from_groups(lib.horovod_cycle_groups(_unit_ready_times(model), [u.bytes for u in model.units],
                                                    busy_us=model.ring_us))
 
 
 def baselines(model: JobModel) -> dict[str, Strategy]:
     """The strategies to beat: the job as profiled, no fusion, fuse everything, library defaults."""
     if model.ps is not None:
-        return ps_search.baselines(model)
+        return bound_search.bound_baselines(model)
     n = len(model.units)
     out = {
         "job as profiled": Strategy.as_profiled(model),
@@ -189,13 +195,13 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
             st = Strategy(tuple(tuple(g) for g in groups), (1,) * len(groups), recompute=best.recompute, accum=best.accum)
             t = iteration_us(model, st)
             if best_r is None or t < best_r.iteration_us * (1 - 1e-3):
-                best_r = Realized("pytorch-ddp", {"bucket_cap_mb": cap / lib.MiB, "bucket_cap_bytes": cap,
+                best_r = Realized("pytorch-ddp", {sf.BUCKET_CAP_MB: cap / lib.MiB, "bucket_cap_bytes": cap,
                                                   "buckets": [[model.units[u].name for u in g] for g in groups]}, st, t)
         default = ddp_strategy(model, None).with_memory(best.recompute, best.accum)
         t_default = iteration_us(model, default)
         if best_r is not None and best_r.iteration_us > t_default * (1 - MIN_GAIN):
             best_r = Realized("pytorch-ddp", {
-                "bucket_cap_mb": None, "keep_default": True,
+                sf.BUCKET_CAP_MB: None, sf.KEEP_DEFAULT: True,
                 "buckets": [[model.units[u].name for u in g] for g in default.groups]}, default, t_default)
         if best_r is not None:
             out.append(best_r)
@@ -205,28 +211,28 @@ def realize(model: JobModel, best: Strategy, bl: dict[str, Strategy] | None = No
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if t_best > t_default * (1 - MIN_GAIN) or more_horovod_collectives(model, default, best) > 0:
             out.append(Realized("horovod", {
-                "groups": None, "keep_default": True, "HOROVOD_FUSION_THRESHOLD": lib.HOROVOD_DEFAULT_THRESHOLD,
-                "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, default, t_default))
+                sf.GROUPS: None, sf.KEEP_DEFAULT: True, sf.HOROVOD_FUSION_THRESHOLD: lib.HOROVOD_DEFAULT_THRESHOLD,
+                sf.HOROVOD_CYCLE_TIME: lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, default, t_default))
         else:
             groups = [[model.units[u].name for u in g] for g in best.groups]
             thr = max(best.group_bytes(model, i) for i in range(len(best.groups)))
             out.append(Realized("horovod", {
-                "groups": groups, "HOROVOD_FUSION_THRESHOLD": int(thr),
-                "HOROVOD_CYCLE_TIME": lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
+                sf.GROUPS: groups, sf.HOROVOD_FUSION_THRESHOLD: int(thr),
+                sf.HOROVOD_CYCLE_TIME: lib.HOROVOD_DEFAULT_CYCLE_US / 1e3}, best, t_best))
     if model.ps is not None:
-        bound = ps_search.bound_of(model, best)
-        default = ps_search.with_bound(model, lib.MXNET_DEFAULT_BOUND)
+        bound = bound_search.bound_of(model, best)
+        default = bound_search.with_bound(model, lib.MXNET_DEFAULT_BOUND)
         t_best, t_default = iteration_us(model, best), iteration_us(model, default)
         if bound is None or t_best > t_default * (1 - MIN_GAIN):
-            out.append(Realized(ps_search.LIBRARY, {ps_search.ENV: lib.MXNET_DEFAULT_BOUND, "keep_default": True},
+            out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: lib.MXNET_DEFAULT_BOUND, sf.KEEP_DEFAULT: True},
                                 default, t_default))
         else:
-            out.append(Realized(ps_search.LIBRARY, {ps_search.ENV: bound, "split": [
+            out.append(Realized(bound_search.LIBRARY, {bound_search.ENV: bound, "split": [
                 model.units[g[0]].name for g, k in zip(best.groups, best.partitions) if k > 1]}, best, t_best))
     return out
 
 
-def representative(gt: GTrace, r: ReplayResult) -> JobModel:
+def representative(gt: GTrace, r: ReplayResult, stats: dict[str, dict[str, OpStats]] | None = None) -> JobModel:
     """The one-worker model whose worker best stands for all.
 
     A synchronous job runs at its slowest worker's pace, but not at the pace of that worker
@@ -234,16 +240,19 @@ def representative(gt: GTrace, r: ReplayResult) -> JobModel:
     computation, which the full replay (every worker, every link) reproduces and the
     one-worker model cannot. So the slowest, the fastest and the median worker by
     computation are tried, and the one whose model of the job as profiled is closest to the
-    full replay (both without the profiling overhead) stands for all."""
+    full replay (both without the profiling overhead) stands for all. ``stats``: the
+    workers' op statistics over ``r.steps``, where the caller has them (:func:`job_model`)."""
     link, steps = r.build.link_cost, r.steps
-    first = job_model(gt, link, steps)
+    if stats is None:
+        stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items() if nt.info.role == "worker"}
+    first = job_model(gt, link, steps, stats=stats)
     if len(first.loads) < 2:
         return first
     loads = sorted((v, k) for k, v in first.loads.items())
     picks = dict.fromkeys([loads[-1][1], loads[0][1], loads[len(loads) // 2][1]])
     best, best_gap = first, None
     for name in picks:
-        m = first if name == first.worker else job_model(gt, link, steps, worker=name)
+        m = first if name == first.worker else job_model(gt, link, steps, worker=name, stats=stats)
         ov = m.overhead
         expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
         gap = abs(iteration_us(m, Strategy.as_profiled(m)) - expect)
@@ -267,7 +276,7 @@ def _keep_graph_unless_xla_gains(model: JobModel, results: list[SearchResult]) -
 def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy) -> int:
     """How many more collectives per step ``best`` sends than Horovod's ``default`` on a
     Horovod job (0 otherwise). Their cost is not in the model (the link's latency is only
-    the least the fused collectives allow: :func:`dpro.optimizer.horovod_profile.link_cost`), and
+    the least the fused collectives allow: :func:`dpro.optimizer.horovod.link_cost`), and
     every such setting measured slower than predicted: no fusion 1-43 %, and on the TF
     transformer a 9-group split of a job that ran 2-5 groups per step was predicted 4.3 %
     faster and ran 4.8 % slower. So a Horovod default is not traded for more collectives."""
@@ -279,13 +288,13 @@ def more_horovod_collectives(model: JobModel, default: Strategy, best: Strategy)
 def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bool = False) -> list[str]:
     """A warning when ``best`` sends more messages per step than ``start`` and the link's
     per-message latency was not measurable (one collective shape in the profile) or, for
-    Horovod, is only the uncontended lower bound (:func:`dpro.optimizer.horovod_profile.link_cost`)."""
+    Horovod, is only the uncontended lower bound (:func:`dpro.optimizer.horovod.link_cost`)."""
     more = sum(best.partitions) - sum(start.partitions)
     if more <= 0 or (link.latency_known and not horovod):
         return []
     why = ("Horovod's per-collective latency is taken as the least its fused collectives allow "
            f"({link.alpha:.0f} us per ring step; no fusion on TF jobs measured 13-43 % slower than so predicted), "
-           "so Horovod's default is kept (horovod.json)"
+           f"so Horovod's default is kept ({sf.HOROVOD_JSON})"
            if link.latency_known else
            "every collective in the profile has the same shape, so the link's per-message latency could not be "
            "measured and is taken as 0")
@@ -293,51 +302,60 @@ def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bo
             f"so its predicted gain is an upper bound (docs/optimizer.md, Limits)"]
 
 
-def optimize(gt: GTrace, *, passes: list[GraphPass] | None = None, pass_names: list[str] | None = None,
-             budget_s: float = 30.0, align_clocks: bool = True, memory_budget: int | None = None,
-             memory_passes: list[GraphPass] | None = None, micro_trace: GTrace | None = None,
-             tick: Tick = _noop) -> OptimizeResult:
+def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, dict[str, OpStats]] | None = None,
+             passes: list[GraphPass] | None = None, budget_s: float = 30.0, align_clocks: bool = True,
+             memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
+             micro_trace: GTrace | None = None, tick: Tick = _noop) -> OptimizeResult:
     """Search a faster strategy for the profiled job ``gt``.
 
+    ``base``: the replay of ``gt`` where the caller has it (``gt`` then already on one
+    clock): ``gt`` is neither aligned (``align_clocks``) nor replayed again. ``stats``: the
+    workers' op statistics over ``base.steps`` (``{node name: node_stats(nt, steps)}``),
+    where the caller has them; computed once here otherwise. ``passes``: the throughput
+    passes to search with (default: the default registry's, built here only then).
     With ``memory_budget`` (bytes) the job is first made to fit (Algorithm 1, step 1:
-    :func:`dpro.optimizer.memory_search.fit_memory` with ``memory_passes``, default every
+    :func:`dpro.optimizer.memory.fit.fit_memory` with ``memory_passes``, default every
     ``kind = "memory"`` pass); the throughput search keeps those memory settings.
-    Raises :class:`~dpro.optimizer.memory_search.CannotFit` when nothing fits.
+    Raises :class:`~dpro.optimizer.memory.fit.CannotFit` when nothing fits.
     ``micro_trace``: the same job profiled at a smaller batch, for the micro-batch op
-    times of gradient accumulation (:mod:`dpro.optimizer.micro`)."""
-    from dpro.replayer.replay import replay
-
+    times of gradient accumulation (:mod:`dpro.optimizer.memory.micro_batch`)."""
     t0 = time.perf_counter()
-    if align_clocks:
-        from dpro.alignment import align, apply_offsets
+    if base is None:
+        from dpro.replayer.replay import replay
 
-        al = align(gt)
-        if al.status != "trivial":
-            gt = apply_offsets(gt, al.offsets_us)
-    r = replay(gt, BuildOptions(), align_clocks=False)
-    model = representative(gt, r)
+        if align_clocks:
+            from dpro.alignment import align, apply_offsets
+
+            al = align(gt)
+            if al.status != "trivial":
+                gt = apply_offsets(gt, al.offsets_us)
+        base = replay(gt, BuildOptions(), align_clocks=False)
+    r = base
+    if stats is None:
+        stats = {name: node_stats(nt, r.steps) for name, nt in gt.nodes.items() if nt.info.role == "worker"}
+    model = representative(gt, r, stats)
     if micro_trace is not None:
-        from dpro.optimizer.micro import attach_micro_trace
+        from dpro.optimizer.memory.micro_batch import attach_micro_trace
 
         model.notes += attach_micro_trace(model, gt, micro_trace)
-    reg = default_registry()
+    reg = None
     if passes is None:
-        passes = reg.select(pass_names) if pass_names else [p for p in reg if p.kind == "throughput"]
+        reg = default_registry()
+        passes = [p for p in reg if p.kind == "throughput"]
     passes = [p for p in passes if p.kind != "memory"]
     start = Strategy.as_profiled(model)
     fit = None
     if memory_budget is not None and model.ps is not None:
         model.notes.append("--memory-budget is not searched for parameter-server jobs (only the key split is)")
     elif memory_budget is not None:
-        mem_passes = memory_passes if memory_passes is not None else [p for p in reg if p.kind == "memory"]
-        fit = fit_memory(model, int(memory_budget), mem_passes, start, tick=tick)
+        if memory_passes is None:
+            memory_passes = [p for p in (reg or default_registry()) if p.kind == "memory"]
+        fit = fit_memory(model, int(memory_budget), memory_passes, start, tick=tick)
     mem = fit.chosen.strategy if fit is not None else start
     bl = baselines(model)
     base = {name: iteration_us(model, st) for name, st in bl.items()}
     if model.ps is not None:  # MXNet's one setting: searched exhaustively
-        if pass_names:
-            model.notes.append("--passes is not used for parameter-server jobs (only the key split is searched)")
-        results = ps_search.search(model, tick=tick)
+        results = bound_search.search_bounds(model, tick=tick)
     else:
         results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
     results = _keep_graph_unless_xla_gains(model, results)

@@ -11,15 +11,17 @@
 ``DIR/memory.json``      memory: modules to checkpoint, micro-batches per step, predicted peak
 ``DIR/amp.json``         mixed precision: run forward and loss under autocast (when chosen)
 
-How to apply each: docs/optimizer.md.
+The names and the keys a training script reads: :mod:`dpro.contracts.strategy_files`; how to
+apply each: docs/optimizer.md.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from dpro.contracts import strategy_files as sf
 from dpro.jsonio import check_writable_dir, dump_json, write_dir_atomically
-from dpro.optimizer.memory_search import fmt_bytes
+from dpro.optimizer.memory.fit import fmt_bytes
 from dpro.optimizer.optimize import MIN_GAIN, OptimizeResult
 
 
@@ -28,6 +30,7 @@ def _ms(us: float | None) -> str:
 
 
 def summary_text(res: OptimizeResult, top: int = 8) -> str:
+    """The summary `dpro optimize` prints: times, baselines, changes, how to apply them, notes."""
     b = res.best
     lines = [
         f"job as profiled: {_ms(res.baseline_us)} predicted (full replay {_ms(res.replay_us)}, measured {_ms(res.measured_us)})",
@@ -45,7 +48,7 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
     for s in sorted(b.steps, key=lambda s: s.after_us - s.before_us)[:top]:
         lines.append(f"  [{s.pass_name}] -{(s.before_us - s.after_us) / 1e3:.2f} ms: {s.reason}")
     if len(b.steps) > top:
-        lines.append(f"  ... and {len(b.steps) - top} smaller (strategy.json lists all)")
+        lines.append(f"  ... and {len(b.steps) - top} smaller ({sf.STRATEGY_JSON} lists all)")
     st = b.strategy
     lines += ["", f"synchronisation groups ({len(st.groups)}):"]
     for i, g in enumerate(st.groups):
@@ -56,7 +59,7 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
         lines.append(f"fused op chains: {len(st.fusions)}")
     lines += ["", "apply it:"]
     for r in res.realized:
-        if r.library in ("pytorch-ddp", "horovod") and r.settings.get("keep_default"):
+        if r.library in ("pytorch-ddp", "horovod") and r.settings.get(sf.KEEP_DEFAULT):
             what = "DDP's default buckets" if r.library == "pytorch-ddp" else "Horovod's default fusion"
             why = (f"nothing predicted {100 * MIN_GAIN:g} % faster" if r.library == "pytorch-ddp"
                    or res.best.iteration_us >= r.iteration_us * (1 - MIN_GAIN) else
@@ -64,34 +67,35 @@ def summary_text(res: OptimizeResult, top: int = 8) -> str:
             lines.append(f"  {'PyTorch DDP' if r.library == 'pytorch-ddp' else 'Horovod'}: keep {what} ({why})"
                          f"  -> {_ms(r.iteration_us)} predicted")
         elif r.library == "pytorch-ddp":
-            lines.append(f"  PyTorch DDP: DistributedDataParallel(..., bucket_cap_mb={r.settings['bucket_cap_mb']:.4g})"
-                         f"  -> {_ms(r.iteration_us)} predicted (ddp.json)")
+            lines.append(f"  PyTorch DDP: DistributedDataParallel(..., bucket_cap_mb={r.settings[sf.BUCKET_CAP_MB]:.4g})"
+                         f"  -> {_ms(r.iteration_us)} predicted ({sf.DDP_JSON})")
         elif r.library == "horovod":
-            lines.append(f"  Horovod: hvd.DistributedOptimizer(..., groups=<horovod.json groups>), "
-                         f"HOROVOD_FUSION_THRESHOLD={r.settings['HOROVOD_FUSION_THRESHOLD']}  -> {_ms(r.iteration_us)} predicted")
+            lines.append(f"  Horovod: hvd.DistributedOptimizer(..., groups=<{sf.HOROVOD_JSON} {sf.GROUPS}>), "
+                         f"{sf.HOROVOD_FUSION_THRESHOLD}={r.settings[sf.HOROVOD_FUSION_THRESHOLD]}  "
+                         f"-> {_ms(r.iteration_us)} predicted")
         elif r.library == "mxnet-kvstore":
-            keep = " (keep MXNet's default)" if r.settings.get("keep_default") else ""
-            lines.append(f"  MXNet kvstore: MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}{keep} "
-                         f"on every worker  -> {_ms(r.iteration_us)} predicted (mxnet.env)")
+            keep = " (keep MXNet's default)" if r.settings.get(sf.KEEP_DEFAULT) else ""
+            lines.append(f"  MXNet kvstore: {sf.MXNET_KVSTORE_BIGARRAY_BOUND}={r.settings[sf.MXNET_KVSTORE_BIGARRAY_BOUND]}{keep} "
+                         f"on every worker  -> {_ms(r.iteration_us)} predicted ({sf.MXNET_ENV})")
     xla = _xla(res) if st.fusions else None
     if xla:
         lines.append("  op fusion: XLA, the gradient computation under tf.function(jit_compile=True) "
-                     f"(compile.json; priced by the recorder's XLA time, {xla:.3f}x its graph's)")
+                     f"({sf.COMPILE_JSON}; priced by the recorder's XLA time, {xla:.3f}x its graph's)")
     elif st.fusions:
         modules, measured = _compile_plan(res)
         names = ", ".join(repr(x) if x else "the whole model" for x in modules)
-        lines.append(f"  op fusion: torch.compile {names} (compile.json; "
+        lines.append(f"  op fusion: torch.compile {names} ({sf.COMPILE_JSON}; "
                      f"{'priced by torch.compile' if measured else 'an estimate'})")
         if not measured:
             lines.append("    price it for real with `dpro profile --measure-compile`; a compiled backward also changes "
-                         "the order gradients become ready in, so DDP's buckets can differ from ddp.json's list")
+                         f"the order gradients become ready in, so DDP's buckets can differ from {sf.DDP_JSON}'s list")
     if st.recompute:
-        lines.append(f"  recomputation: torch.utils.checkpoint on {', '.join(st.recompute)} (memory.json)")
+        lines.append(f"  recomputation: torch.utils.checkpoint on {', '.join(st.recompute)} ({sf.MEMORY_JSON})")
     if _amp(res):
-        lines.append("  mixed precision: forward and loss under torch.autocast(device, dtype=torch.bfloat16) (amp.json)")
+        lines.append(f"  mixed precision: forward and loss under torch.autocast(device, dtype=torch.bfloat16) ({sf.AMP_JSON})")
     if st.accum > 1:
         lines.append(f"  gradient accumulation: {st.accum} micro-batches per step, DDP no_sync() on the first "
-                     f"{st.accum - 1} (the batch must divide by {st.accum}; memory.json)")
+                     f"{st.accum - 1} (the batch must divide by {st.accum}; {sf.MEMORY_JSON})")
     for label, rows in (("critical path before", res.critical_before), ("critical path after", res.critical_after)):
         lines += ["", f"{label} (longest {min(top, len(rows))}):"]
         for r in rows[:top]:
@@ -123,42 +127,41 @@ def _memory_lines(res: OptimizeResult) -> list[str]:
 
 def strategy_files(res: OptimizeResult) -> dict[str, object]:
     """File name -> JSON object or text."""
-    files: dict[str, object] = {"strategy.json": res.to_json(), "summary.txt": summary_text(res)}
+    files: dict[str, object] = {sf.STRATEGY_JSON: res.to_json(), sf.SUMMARY_TXT: summary_text(res)}
     for r in res.realized:
         if r.library == "pytorch-ddp":
-            files["ddp.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
+            files[sf.DDP_JSON] = {**r.settings, sf.PREDICTED_ITERATION_US: r.iteration_us}
         elif r.library == "horovod":
-            files["horovod.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
-            files["horovod.env"] = (f"HOROVOD_FUSION_THRESHOLD={r.settings['HOROVOD_FUSION_THRESHOLD']}\n"
-                                    f"HOROVOD_CYCLE_TIME={r.settings['HOROVOD_CYCLE_TIME']}\n")
+            files[sf.HOROVOD_JSON] = {**r.settings, sf.PREDICTED_ITERATION_US: r.iteration_us}
+            files[sf.HOROVOD_ENV] = sf.env_lines(r.settings, sf.HOROVOD_ENV_VARS)
         elif r.library == "mxnet-kvstore":
-            files["mxnet.json"] = {**r.settings, "predicted_iteration_us": r.iteration_us}
-            files["mxnet.env"] = f"MXNET_KVSTORE_BIGARRAY_BOUND={r.settings['MXNET_KVSTORE_BIGARRAY_BOUND']}\n"
+            files[sf.MXNET_JSON] = {**r.settings, sf.PREDICTED_ITERATION_US: r.iteration_us}
+            files[sf.MXNET_ENV] = sf.env_lines(r.settings, sf.MXNET_ENV_VARS)
     st = res.best.strategy
     if res.memory is not None or st.recompute or st.accum > 1:
-        files["memory.json"] = {
-            "checkpoint_modules": list(st.recompute), "accumulation_steps": st.accum,
+        files[sf.MEMORY_JSON] = {
+            sf.CHECKPOINT_MODULES: list(st.recompute), sf.ACCUMULATION_STEPS: st.accum,
             "predicted_peak_bytes": res.peak_after_bytes, "peak_as_profiled_bytes": res.peak_before_bytes,
             "budget_bytes": res.memory.budget_bytes if res.memory is not None else None,
-            "predicted_iteration_us": res.best.iteration_us,
+            sf.PREDICTED_ITERATION_US: res.best.iteration_us,
         }
     if _amp(res):
-        files["amp.json"] = {"autocast": True, "dtype": "bfloat16", "ops": len(st.scales),
-                             "predicted_iteration_us": res.best.iteration_us}
+        files[sf.AMP_JSON] = {sf.AUTOCAST: True, "dtype": "bfloat16", "ops": len(st.scales),
+                              sf.PREDICTED_ITERATION_US: res.best.iteration_us}
     xla = _xla(res) if st.fusions else None
     if xla:
-        files["compile.json"] = {
-            "framework": "tensorflow", "xla_jit_compile": True, "ops": len(st.fusions[0].ops),
+        files[sf.COMPILE_JSON] = {
+            "framework": "tensorflow", sf.XLA_JIT_COMPILE: True, "ops": len(st.fusions[0].ops),
             "priced_by": "measured (XLA)", "xla_over_graph": xla,
-            "predicted_iteration_us": res.best.iteration_us,
+            sf.PREDICTED_ITERATION_US: res.best.iteration_us,
         }
     elif st.fusions:
         m = res.model
         modules, measured = _compile_plan(res)
-        files["compile.json"] = {
+        files[sf.COMPILE_JSON] = {
             "op_fusion": [{"ops": list(f.ops), "layers": sorted({m.ops[o].layer for o in f.ops if m.ops[o].layer}),
                            "dur_us": f.dur} for f in st.fusions],
-            "torch_compile_modules": modules,
+            sf.TORCH_COMPILE_MODULES: modules,
             "priced_by": "measured (torch.compile)" if measured else "estimate (host gaps removed)",
         }
     return files
@@ -175,7 +178,7 @@ def _compile_plan(res: OptimizeResult) -> tuple[list[str], bool]:
     """The modules to compile for the best strategy's op fusions, and whether every fusion
     was priced by measurement: the measured modules they were priced by (``""``: the whole
     model), else the smallest module around each fusion."""
-    from dpro.passes.op_fusion import enclosing_module, measured_module, outermost
+    from dpro.optimizer.passes.op_fusion import enclosing_module, measured_module, outermost
 
     m, fusions = res.model, res.best.strategy.fusions
     measured = {measured_module(m, f.ops) for f in fusions}
@@ -185,6 +188,7 @@ def _compile_plan(res: OptimizeResult) -> tuple[list[str], bool]:
 
 
 def write_strategy_dir(res: OptimizeResult, root: Path, *, force: bool = False) -> None:
+    """Write :func:`strategy_files` into ``root`` at once (``force``: replace what it holds)."""
     root = Path(root)
     check_writable_dir(root, force)
     files = strategy_files(res)

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from dpro.optimizer.evaluate import analyse, iteration_us
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class Step:
 
 @dataclass
 class SearchResult:
+    """One descent of Algorithm 1: where it started, the strategy it reached and its time."""
+
     start: str
     strategy: Strategy
     iteration_us: float

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,8 @@ class OpScale:
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
+    """What the optimizer changes in a job (see the module docstring)."""
+
     #: unit indices per synchronisation group, in launch order (tensor fusion)
     groups: tuple[tuple[int, ...], ...]
     #: pieces per group (tensor partition), same length as ``groups``
@@ -82,12 +84,6 @@ class Strategy:
         new = {sc.op for sc in scales}
         return replace(self, scales=tuple(sc for sc in self.scales if sc.op not in new) + tuple(scales))
 
-    def scale_of(self, op: str) -> OpScale | None:
-        for sc in self.scales:
-            if sc.op == op:
-                return sc
-        return None
-
     def fusion_of(self, op: str) -> FusedOp | None:
         for f in self.fusions:
             if op in f.ops:
@@ -108,6 +104,7 @@ class Strategy:
                 tuple(sorted((sc.op, sc.time, sc.bytes) for sc in self.scales)))
 
     def to_json(self, model: JobModel) -> dict:
+        """The strategy in the units' and ops' names (``strategy.json``'s ``best.strategy``)."""
         return {
             "groups": [
                 {"units": [model.units[u].name for u in g], "bytes": self.group_bytes(model, i), "partitions": self.partitions[i]}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dpro.optimizer import libraries as lib
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.strategy import FusedOp, Strategy
 
 REGION_CATS = ("FW", "BW")
@@ -80,7 +80,7 @@ def xla_strategy(model: JobModel) -> Strategy | None:
     ops = region(model) if xla_ratio(model) is not None else ()
     if not ops:
         return None
-    groups = lib.horovod_groups([0.0] * len(model.units), [u.bytes for u in model.units], busy_us=model.ring_us)
+    groups = lib.horovod_cycle_groups([0.0] * len(model.units), [u.bytes for u in model.units], busy_us=model.ring_us)
     return Strategy.from_groups(groups).with_fusion(ops, fused_us(model, ops))
 
 

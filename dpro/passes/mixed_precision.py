@@ -26,7 +26,7 @@ from pathlib import Path
 from dpro.errors import DproInputError
 from dpro.jsonio import read_json
 from dpro.optimizer.strategy import OpScale, Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext, register
+from dpro.passes import Candidate, GraphPass, PassContext, register
 
 #: own-time factor under autocast per op class and direction (benchmarks/amp_calibration.py,
 #: 2-core x86-64 VM with avx512_bf16, torch 2.13 CPU, bfloat16, 2026-11-22)
@@ -83,6 +83,7 @@ class MixedPrecision(GraphPass):
         self.factors = factors or load_factors()
 
     def scales(self, ctx: PassContext) -> tuple[OpScale, ...]:
+        """Per op, its own-time factor and, from the first low-precision op on, its kept bytes halved."""
         m = ctx.model
         fw = sorted((o for o in m.ops.values() if o.cat == "FW"), key=lambda o: o.prio)
         first = next((o.prio for o in fw if op_class(o.name)), None)

@@ -6,37 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from dpro.graph.compiled import CAT_CODE, CompiledGraph
+from dpro.graph.intervals import intersection_length, merge, union_length
 from dpro.replayer.engine import Schedule
-
-
-def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length of the union of intervals."""
-    return float(np.sum(np.diff(_merge(starts, ends), axis=1))) if len(starts) else 0.0
-
-
-def _merge(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]
-    idx = np.flatnonzero(new)
-    return np.stack([s[idx], np.maximum.reduceat(e, idx)], axis=1)
-
-
-def _intersection_length(a: np.ndarray, b: np.ndarray) -> float:
-    """Length of (union a) ∩ (union b) for merged, sorted interval arrays."""
-    i = j = 0
-    tot = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
-        if hi > lo:
-            tot += hi - lo
-        if a[i, 1] < b[j, 1]:
-            i += 1
-        else:
-            j += 1
-    return tot
 
 
 def worker_breakdown(g: CompiledGraph, sched: Schedule, owner: int, iteration_us: float) -> dict[str, float]:
@@ -55,10 +26,10 @@ def worker_breakdown(g: CompiledGraph, sched: Schedule, owner: int, iteration_us
     out["host_gap"] = float(g.gap[compute].sum())
     comm = own & (comm_dev | (g.cat == CAT_CODE["COMM"]))
     out["COMM"] = union_length(sched.start[comm], sched.end[comm])
-    busy_c = _merge(sched.start[compute], sched.end[compute]) if compute.any() else np.zeros((0, 2))
-    busy_m = _merge(sched.start[comm], sched.end[comm]) if comm.any() else np.zeros((0, 2))
-    out["exposed_COMM"] = out["COMM"] - _intersection_length(busy_c, busy_m)
-    busy = float(np.sum(np.diff(busy_c, axis=1))) + out["exposed_COMM"]
+    busy_c = merge(sched.start[compute], sched.end[compute])
+    busy_m = merge(sched.start[comm], sched.end[comm])
+    out["exposed_COMM"] = out["COMM"] - intersection_length(busy_c, busy_m)
+    busy = float((busy_c[1] - busy_c[0]).sum()) + out["exposed_COMM"]
     out["idle"] = max(0.0, iteration_us - busy)
     return out
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from dpro.graph.compiled import CompiledGraph
 from dpro.graph.global_dfg import BuildInfo, BuildOptions, build_global_dfg
-from dpro.graph.stats import measured_iteration_us, typical_steps
+from dpro.graph.stats import OpStats, measured_iteration_us, typical_steps
 from dpro.gtrace.schema import GTrace
 from dpro.replayer.breakdown import breakdown
 from dpro.replayer.critical_path import PathOp, critical_path
@@ -16,7 +16,7 @@ from dpro.replayer.engine import Schedule, simulate
 if TYPE_CHECKING:
     from dpro.alignment import AlignResult
     from dpro.replayer.memory import MemoryEstimate
-    from dpro.replayer.overhead import Overhead
+    from dpro.graph.overhead import Overhead
 
 
 @dataclass
@@ -94,14 +94,15 @@ def replay(gt: GTrace, options: BuildOptions | None = None, *, align_clocks: boo
     return replay_on_one_clock(gt, options, alignment=alignment)
 
 
-def replay_on_one_clock(gt: GTrace, options: BuildOptions | None = None, *,
-                        alignment: AlignResult | None = None) -> ReplayResult:
+def replay_on_one_clock(gt: GTrace, options: BuildOptions | None = None, *, alignment: AlignResult | None = None,
+                        stats: dict[str, dict[str, OpStats]] | None = None) -> ReplayResult:
     """:func:`replay` of a ``gt`` whose nodes already share one clock; ``alignment``: the
-    alignment that put them there (its notes join the replay's), if any."""
+    alignment that put them there (its notes join the replay's), if any; ``stats``: the
+    nodes' op statistics over the steps ``options`` select, where the caller has them."""
     options = options or BuildOptions()
     if not options.steps:
         options = replace(options, steps=typical_steps(list(gt.nodes.values()), gt.manifest.steps))
-    g, info = build_global_dfg(gt, options)
+    g, info = build_global_dfg(gt, options, stats=stats)
     sched = simulate(g)
     workers = [i for i, o in enumerate(g.owners) if gt.nodes[o].info.role == "worker"]
     steps = options.steps

@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--dpro-strategy", default=None, help="a `dpro optimize -o` directory: use its mxnet.json")
     a = ap.parse_args()
     if a.dpro_strategy:
-        from dpro.optimizer.apply import mxnet_env
+        from dpro.apply import mxnet_env
 
         os.environ.update(mxnet_env(a.dpro_strategy))  # read when the kvstore is created
 

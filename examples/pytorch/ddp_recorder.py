@@ -44,7 +44,7 @@ def main() -> None:
     ddp_args = {"bucket_cap_mb": args.bucket_cap_mb}
     micro, amp = 1, False
     if args.dpro_strategy:
-        from dpro.optimizer.apply import autocast_enabled, checkpoint_modules, compile_modules, ddp_kwargs, memory_settings
+        from dpro.apply import autocast_enabled, checkpoint_modules, compile_modules, ddp_kwargs, memory_settings
 
         ddp_args = ddp_kwargs(args.dpro_strategy)
         mem = memory_settings(args.dpro_strategy)

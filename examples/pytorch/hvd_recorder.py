@@ -49,13 +49,13 @@ def main() -> None:
         raise SystemExit(f"hvd_recorder.py: horovod.torch is not importable ({e}); run scripts/install_horovod.sh")
     groups = None
     if args.dpro_strategy:
-        from dpro.optimizer.apply import horovod_env
+        from dpro.apply import horovod_env
 
         os.environ.update(horovod_env(args.dpro_strategy))  # read by hvd.init()
     hvd.init()
     model, make_batch, loss_fn = build(args.model)
     if args.dpro_strategy:
-        from dpro.optimizer.apply import horovod_groups
+        from dpro.apply import horovod_groups
 
         groups = horovod_groups(args.dpro_strategy, model.named_parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH_SIZE[args.model]
     if args.dpro_strategy:
-        from dpro.optimizer.apply import ddp_kwargs
+        from dpro.apply import ddp_kwargs
 
         args.bucket_cap_mb = ddp_kwargs(args.dpro_strategy).get("bucket_cap_mb")  # None: DDP's default
     _check_args(p, args)

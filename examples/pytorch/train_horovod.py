@@ -138,7 +138,7 @@ def train(args: argparse.Namespace, hvd: Any) -> tuple[list[float], list[float],
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     groups = None
     if args.dpro_strategy:
-        from dpro.optimizer.apply import horovod_groups
+        from dpro.apply import horovod_groups
 
         groups = horovod_groups(args.dpro_strategy, model.named_parameters())
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), groups=groups)
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         print("[train_horovod] warning: no HOROVOD_RANK in the environment; running as a "
               "single process (launch with horovodrun)", file=sys.stderr, flush=True)
     if args.dpro_strategy:
-        from dpro.optimizer.apply import horovod_env
+        from dpro.apply import horovod_env
 
         os.environ.update(horovod_env(args.dpro_strategy))  # read by hvd.init()
     hvd.init()

@@ -38,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import dpro  # noqa: E402
-from dpro.optimizer.apply import xla_jit_compile  # noqa: E402
+from dpro.apply import xla_jit_compile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODEL_NAMES, build  # noqa: E402
@@ -58,7 +58,7 @@ def main() -> None:
     p.add_argument("--xla", action="store_true", help="compute the loss and gradients under tf.function(jit_compile=True)")
     args = p.parse_args()
     if args.dpro_strategy:
-        from dpro.optimizer.apply import horovod_env
+        from dpro.apply import horovod_env
 
         os.environ.update(horovod_env(args.dpro_strategy))  # fusion threshold, cycle time: before hvd.init()
     try:
@@ -79,7 +79,7 @@ def main() -> None:
     # dpro's tensor groups: each is all-reduced as one (hvd.grouped_allreduce); None: Horovod's own fusion
     groups: list[list[int]] = []
     if args.dpro_strategy:
-        from dpro.optimizer.apply import horovod_groups
+        from dpro.apply import horovod_groups
 
         index = {id(v): i for i, v in enumerate(model.trainable_variables)}
         named = [(v.path, v) for v in model.trainable_variables]

@@ -1,8 +1,11 @@
 """Read the strategy files `dpro optimize -o DIR` wrote, for the training script.
 
+Imports nothing of dpro but its errors, JSON reader and the strategy-file contract
+(:mod:`dpro.contracts.strategy_files`), so a training script pays for no more.
+
 .. code-block:: python
 
-    from dpro.optimizer.apply import ddp_kwargs, horovod_groups, horovod_env
+    from dpro.apply import ddp_kwargs, horovod_groups, horovod_env
     ddp = DDP(model, **ddp_kwargs("strategy/"))                     # bucket_cap_mb
     os.environ.update(horovod_env("strategy/")); hvd.init()        # fusion threshold, cycle
     os.environ.update(mxnet_env("strategy/")); kv = mx.kv.create("dist_sync")  # PS key split
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpro.contracts import strategy_files as sf
 from dpro.errors import DproInputError
 from dpro.jsonio import read_json
 
@@ -38,35 +42,35 @@ def _load(path: str | Path, name: str) -> dict:
 def ddp_kwargs(path: str | Path) -> dict[str, float]:
     """``DistributedDataParallel`` keyword arguments from ``ddp.json`` (a file or its directory);
     empty where dpro keeps DDP's default (``keep_default``)."""
-    d = _load(path, "ddp.json")
-    if d.get("keep_default") is True:
+    d = _load(path, sf.DDP_JSON)
+    if d.get(sf.KEEP_DEFAULT) is True:
         return {}
-    cap = d.get("bucket_cap_mb")
+    cap = d.get(sf.BUCKET_CAP_MB)
     if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
-        raise DproInputError(Path(path), "ddp.json: 'bucket_cap_mb' must be a positive number")
+        raise DproInputError(Path(path), f"{sf.DDP_JSON}: '{sf.BUCKET_CAP_MB}' must be a positive number")
     return {"bucket_cap_mb": float(cap)}
 
 
 def horovod_env(path: str | Path) -> dict[str, str]:
     """``HOROVOD_FUSION_THRESHOLD`` / ``HOROVOD_CYCLE_TIME`` from ``horovod.json`` (set before ``hvd.init()``)."""
-    d = _load(path, "horovod.json")
+    d = _load(path, sf.HOROVOD_JSON)
     out = {}
-    for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"):
+    for k in sf.HOROVOD_ENV_VARS:
         v = d.get(k)
         if v is not None:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise DproInputError(Path(path), f"horovod.json: '{k}' must be a non-negative number")
+                raise DproInputError(Path(path), f"{sf.HOROVOD_JSON}: '{k}' must be a non-negative number")
             out[k] = str(v)
     return out
 
 
 def mxnet_env(path: str | Path) -> dict[str, str]:
     """``MXNET_KVSTORE_BIGARRAY_BOUND`` from ``mxnet.json`` (set before ``mx.kv.create``, on every worker)."""
-    d = _load(path, "mxnet.json")
-    v = d.get("MXNET_KVSTORE_BIGARRAY_BOUND")
+    d = _load(path, sf.MXNET_JSON)
+    v = d.get(sf.MXNET_KVSTORE_BIGARRAY_BOUND)
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise DproInputError(Path(path), "mxnet.json: 'MXNET_KVSTORE_BIGARRAY_BOUND' must be a positive integer")
-    return {"MXNET_KVSTORE_BIGARRAY_BOUND": str(v)}
+        raise DproInputError(Path(path), f"{sf.MXNET_JSON}: '{sf.MXNET_KVSTORE_BIGARRAY_BOUND}' must be a positive integer")
+    return {sf.MXNET_KVSTORE_BIGARRAY_BOUND: str(v)}
 
 
 def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]) -> list[list[Any]] | None:
@@ -75,21 +79,24 @@ def horovod_groups(path: str | Path, named_parameters: Iterable[tuple[str, Any]]
 
     Parameters the file does not name (e.g. frozen ones) are left to Horovod's default.
     """
-    d = _load(path, "horovod.json")
-    if d.get("keep_default") is True:
+    d = _load(path, sf.HOROVOD_JSON)
+    if d.get(sf.KEEP_DEFAULT) is True:
         return None
-    groups = d.get("groups")
+    groups = d.get(sf.GROUPS)
     if not isinstance(groups, list) or not all(isinstance(g, list) and all(isinstance(n, str) for n in g) for g in groups):
-        raise DproInputError(Path(path), "horovod.json: 'groups' must be a list of lists of parameter names")
+        raise DproInputError(Path(path), f"{sf.HOROVOD_JSON}: '{sf.GROUPS}' must be a list of lists of parameter names")
     params = dict(named_parameters)
     unknown = [n for g in groups for n in g if n not in params]
     if unknown:
-        raise DproInputError(Path(path), f"horovod.json names parameters the model does not have: {', '.join(unknown[:5])}")
+        raise DproInputError(Path(path), f"{sf.HOROVOD_JSON} names parameters the model does not have: "
+                                         f"{', '.join(unknown[:5])}")
     return [[params[n] for n in g] for g in groups if g]
 
 
 @dataclass(frozen=True)
 class MemorySettings:
+    """``memory.json``: modules to checkpoint and micro-batches per step."""
+
     checkpoint_modules: tuple[str, ...] = ()
     accumulation_steps: int = 1
 
@@ -97,14 +104,14 @@ class MemorySettings:
 def memory_settings(path: str | Path) -> MemorySettings:
     """Modules to checkpoint and micro-batches per step from ``memory.json`` (none if absent)."""
     p = Path(path)
-    if p.is_dir() and not (p / "memory.json").exists():
+    if p.is_dir() and not (p / sf.MEMORY_JSON).exists():
         return MemorySettings()
-    d = _load(path, "memory.json")
-    mods, k = d.get("checkpoint_modules", []), d.get("accumulation_steps", 1)
+    d = _load(path, sf.MEMORY_JSON)
+    mods, k = d.get(sf.CHECKPOINT_MODULES, []), d.get(sf.ACCUMULATION_STEPS, 1)
     if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
-        raise DproInputError(Path(path), "memory.json: 'checkpoint_modules' must be a list of module names")
+        raise DproInputError(Path(path), f"{sf.MEMORY_JSON}: '{sf.CHECKPOINT_MODULES}' must be a list of module names")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise DproInputError(Path(path), "memory.json: 'accumulation_steps' must be a positive integer")
+        raise DproInputError(Path(path), f"{sf.MEMORY_JSON}: '{sf.ACCUMULATION_STEPS}' must be a positive integer")
     return MemorySettings(tuple(mods), k)
 
 
@@ -120,7 +127,7 @@ def checkpoint_modules(model: Any, names: Sequence[str]) -> None:
         try:
             mod = model.get_submodule(name)
         except AttributeError:
-            raise DproInputError(None, f"memory.json: the model has no module {name!r}") from None
+            raise DproInputError(None, f"{sf.MEMORY_JSON}: the model has no module {name!r}") from None
         mod.forward = functools.partial(checkpoint, mod.forward, use_reentrant=False)
 
 
@@ -145,7 +152,7 @@ def _flag(path: str | Path, name: str, key: str) -> bool:
 
 def autocast_enabled(path: str | Path) -> bool:
     """Whether the strategy runs forward and loss under ``torch.autocast`` (``amp.json``)."""
-    return _flag(path, "amp.json", "autocast")
+    return _flag(path, sf.AMP_JSON, sf.AUTOCAST)
 
 
 def xla_jit_compile(path: str | Path) -> bool:
@@ -153,23 +160,23 @@ def xla_jit_compile(path: str | Path) -> bool:
     (``compile.json``: ``"xla_jit_compile": true``): compute the loss and the gradients in
     a ``tf.function(jit_compile=True)`` and reduce and apply them outside it (Horovod's
     ops are not compiled by XLA)."""
-    return _flag(path, "compile.json", "xla_jit_compile")
+    return _flag(path, sf.COMPILE_JSON, sf.XLA_JIT_COMPILE)
 
 
 def compile_modules(model: Any, path: str | Path) -> list[str]:
     """``torch.compile`` (in place) the modules ``compile.json`` lists (``""``: the whole
     model); no compile.json: nothing. Returns the names compiled."""
     p = Path(path)
-    if p.is_dir() and not (p / "compile.json").exists():
+    if p.is_dir() and not (p / sf.COMPILE_JSON).exists():
         return []
-    names = _load(path, "compile.json").get("torch_compile_modules", [])
+    names = _load(path, sf.COMPILE_JSON).get(sf.TORCH_COMPILE_MODULES, [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise DproInputError(Path(path), "compile.json: 'torch_compile_modules' must be a list of module names")
+        raise DproInputError(Path(path), f"{sf.COMPILE_JSON}: '{sf.TORCH_COMPILE_MODULES}' must be a list of module names")
     for n in names:
         try:
             mod = model.get_submodule(n) if n else model
         except AttributeError:
-            raise DproInputError(Path(path), f"compile.json: the model has no module {n!r}") from None
+            raise DproInputError(Path(path), f"{sf.COMPILE_JSON}: the model has no module {n!r}") from None
         compile_module(mod)
     return names
 

@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dpro.graph.compiled import CompiledGraph
+from dpro.graph.intervals import overlap
 from dpro.replayer.engine import Schedule, simulate
 
-#: fixed-point rounds of :func:`replay`
+#: fixed-point rounds of :func:`simulate_contended`
 ROUNDS = 10
 
 
@@ -49,41 +50,7 @@ class CpuShare:
         return max(0.0, 1.0 - self.cores / (min(self.threads, self.cores) + self.kappa))
 
 
-def _merge(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of the intervals as disjoint intervals, sorted (starts, ends)."""
-    order = np.argsort(start, kind="stable")
-    bs, be = np.asarray(start, float)[order], np.maximum.accumulate(np.asarray(end, float)[order])
-    new = np.ones(len(bs), dtype=bool)
-    new[1:] = bs[1:] > be[:-1]
-    return bs[new], np.append(be[np.flatnonzero(new)[1:] - 1], be[-1])
-
-
-def union_length(start: np.ndarray, end: np.ndarray) -> float:
-    """Length of the union of the intervals (µs)."""
-    if len(start) == 0:
-        return 0.0
-    ms, me = _merge(start, end)
-    return float((me - ms).sum())
-
-
-def overlap(start: np.ndarray, end: np.ndarray, busy_start: np.ndarray, busy_end: np.ndarray) -> np.ndarray:
-    """Per interval [start, end), its overlap with the union of the busy intervals (µs)."""
-    start, end = np.asarray(start, float), np.asarray(end, float)
-    if len(busy_start) == 0 or len(start) == 0:
-        return np.zeros(len(start))
-    ms, me = _merge(busy_start, busy_end)
-    cum = np.concatenate([[0.0], np.cumsum(me - ms)])
-
-    def covered(x: np.ndarray) -> np.ndarray:  # busy length in (-inf, x]
-        i = np.searchsorted(ms, x, side="right")  # intervals starting at or before x
-        full = cum[np.maximum(i - 1, 0)]
-        part = np.where(i > 0, np.clip(x - ms[np.maximum(i - 1, 0)], 0.0, (me - ms)[np.maximum(i - 1, 0)]), 0.0)
-        return np.where(i > 0, full + part, 0.0)
-
-    return np.maximum(0.0, covered(end) - covered(start))
-
-
-def replay(g: CompiledGraph, comp: np.ndarray, comm: np.ndarray, loss: float) -> Schedule:
+def simulate_contended(g: CompiledGraph, comp: np.ndarray, comm: np.ndarray, loss: float) -> Schedule:
     """Replay ``g`` with the ``comp`` and ``comm`` nodes (boolean masks) slowed by ``loss``
     while they overlap each other (a fixed point, :data:`ROUNDS` rounds)."""
     sched = simulate(g)

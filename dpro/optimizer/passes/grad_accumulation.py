@@ -1,17 +1,17 @@
 """Gradient accumulation: a step runs k micro-batches of 1/k of the batch and synchronises
 once (DDP's ``no_sync()`` for the first k-1).
 
-Time model (:mod:`dpro.optimizer.evaluate`): each forward/backward op's own time scales
+Time model (:mod:`dpro.optimizer.worker_graph`): each forward/backward op's own time scales
 by 1/k per micro-batch, its host gap does not (dispatch costs the same for a smaller
 batch); the synchronisation and the update run once. Memory
-(:mod:`dpro.optimizer.memory`): activations are 1/k as large; gradients are allocated by
+(:mod:`dpro.optimizer.memory.peak`): activations are 1/k as large; gradients are allocated by
 the first micro-batch and accumulated in place after.
 """
 
 from __future__ import annotations
 
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
 
 #: micro-batches per step tried (the batch must divide by k: the strategy says so)
 FACTORS = (2, 4, 8)

@@ -3,7 +3,7 @@
 MXNet pushes every key apart (no tensor fusion to choose) and splits a key across the
 servers when it has at least ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements (tensor partition,
 all-or-nothing, by size). Every distinct split is one candidate bound
-(:meth:`dpro.optimizer.ps.PsLayout.candidate_bounds`, at most one per key), so all of them
+(:meth:`dpro.optimizer.ps.layout.PsLayout.candidate_bounds`, at most one per key), so all of them
 are replayed and the largest bound within 1 % of the fastest is chosen (fewer messages
 for what the model cannot tell apart: the same margin MXNet's default must lose by).
 """
@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import time
 
+from dpro.contracts import strategy_files as sf
 from dpro.optimizer.evaluate import iteration_us
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
 from dpro.optimizer.search import SearchResult, Step
 from dpro.optimizer.strategy import Strategy
 from dpro.progress import Tick, _noop
 
 LIBRARY = "mxnet-kvstore"
-ENV = "MXNET_KVSTORE_BIGARRAY_BOUND"
+ENV = sf.MXNET_KVSTORE_BIGARRAY_BOUND
 #: bounds predicted within this fraction of the fastest count as equally fast
 SAME_WITHIN = 0.01
 
@@ -41,7 +42,7 @@ def bound_of(model: JobModel, st: Strategy) -> int | None:
     return None
 
 
-def baselines(model: JobModel) -> dict[str, Strategy]:
+def bound_baselines(model: JobModel) -> dict[str, Strategy]:
     """The job as profiled, MXNet's default bound, no split, every key split."""
     assert model.ps is not None
     return {
@@ -52,7 +53,7 @@ def baselines(model: JobModel) -> dict[str, Strategy]:
     }
 
 
-def search(model: JobModel, *, tick: Tick = _noop) -> list[SearchResult]:
+def search_bounds(model: JobModel, *, tick: Tick = _noop) -> list[SearchResult]:
     """Replay every distinct bound; the chosen one first."""
     assert model.ps is not None
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@ and the blocks that outlive their op as ``lifetimes`` ``[producer, releaser, byt
   frees it at once (its ``peak`` is unchanged: it still allocates it), and B's
   recompute node allocates it again before B's backward, which releases it as before.
   The recompute node's ``peak`` adds the largest temporary of B's forward ops.
-* **k micro-batches**: the forward/backward ops (:func:`~dpro.optimizer.evaluate.micro_ops`) run k times on 1/k of the batch. A block
+* **k micro-batches**: the forward/backward ops (:func:`~dpro.optimizer.worker_graph.micro_ops`) run k times on 1/k of the batch. A block
   both produced and released by such ops (activations, activation gradients) is 1/k as
   large and exists in every micro-batch; so are the ops' temporaries (``peak - alloc``).
   A block they produce that outlives the backward (a parameter's gradient) is allocated
@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dpro.optimizer.blocks import block
-from dpro.optimizer.evaluate import MB_SEP, RECOMPUTE_PREFIX, BuiltGraph, micro_ops
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.worker_graph import MB_SEP, RECOMPUTE_PREFIX, BuiltGraph, micro_ops
 from dpro.replayer.engine import Schedule
 from dpro.replayer.memory import MemoryEstimate, estimate_record
 
@@ -37,7 +37,7 @@ def _ops_table(mem: dict) -> dict[str, dict[str, int]]:
             for o, m in (mem.get("ops") or {}).items()}
 
 
-def _recompute(model: JobModel, mem: dict, name: str) -> dict:
+def _recompute_record(model: JobModel, mem: dict, name: str) -> dict:
     b = block(model, name)
     fw, bw = set(b.fw), set(b.bw)
     ops = _ops_table(mem)
@@ -56,7 +56,7 @@ def _recompute(model: JobModel, mem: dict, name: str) -> dict:
     return {**mem, "ops": ops, "lifetimes": lifetimes}
 
 
-def _micro_batches(model: JobModel, mem: dict, k: int) -> dict:
+def _micro_batch_record(model: JobModel, mem: dict, k: int) -> dict:
     ops = _ops_table(mem)
     in_mb = micro_ops(model)
 
@@ -101,7 +101,7 @@ def _micro_batches(model: JobModel, mem: dict, k: int) -> dict:
     return {**mem, "ops": out, "lifetimes": lifetimes}
 
 
-def _scale_bytes(model: JobModel, mem: dict, factor: dict[str, float]) -> dict:
+def _byte_scaled_record(model: JobModel, mem: dict, factor: dict[str, float]) -> dict:
     ops = _ops_table(mem)
     for o, f in factor.items():  # temporaries
         if o in ops:
@@ -129,11 +129,11 @@ def memory_record(model: JobModel, strategy: Strategy) -> dict | None:
         return mem
     factor = {sc.op: sc.bytes for sc in strategy.scales if sc.bytes != 1.0}
     if factor:
-        mem = _scale_bytes(model, mem, factor)
+        mem = _byte_scaled_record(model, mem, factor)
     for name in strategy.recompute:
-        mem = _recompute(model, mem, name)
+        mem = _recompute_record(model, mem, name)
     if strategy.accum > 1:
-        mem = _micro_batches(model, mem, strategy.accum)
+        mem = _micro_batch_record(model, mem, strategy.accum)
     return mem
 
 

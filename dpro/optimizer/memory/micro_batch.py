@@ -17,10 +17,10 @@ import logging
 import numpy as np
 
 from dpro.errors import DproInputError
+from dpro.graph.overhead import measured_overhead
 from dpro.graph.stats import node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.optimizer.model import CompOp, JobModel, _remove_overhead
-from dpro.replayer.overhead import measured_overhead
+from dpro.optimizer.job_model import CompOp, JobModel, remove_host_overhead
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def attach_micro_trace(model: JobModel, full: GTrace, small: GTrace) -> list[str
                for op, st in node_stats(nt, steps).items() if st.samples and nt.ops[op].cat != "COMM"}
         ov = measured_overhead(nt) if model.overhead is not None else None
         if ov is not None:  # as the full trace's ops: the job unprofiled
-            _remove_overhead(ov, ops)
+            remove_host_overhead(ov, ops)
         for op, o in ops.items():
             own.setdefault(op, []).append(o.dur)
     times = {op: float(np.mean(v)) for op, v in own.items() if op in model.ops}

@@ -9,8 +9,8 @@ tensor when the profiler recorded them (dpro's Recorder), else one per recorded
 collective (imported traces). A unit knows its bytes, the ops that must end before it
 can be sent (``ready``) and the ops that wait for it (``consumers``). How units are
 grouped, partitioned and which computation ops are fused is a
-:class:`~dpro.optimizer.strategy.Strategy`; :mod:`dpro.optimizer.evaluate` turns model +
-strategy into a graph and replays it.
+:class:`~dpro.optimizer.strategy.Strategy`; :mod:`dpro.optimizer.worker_graph` turns model +
+strategy into a graph and :mod:`dpro.optimizer.evaluate` replays it.
 """
 
 from __future__ import annotations
@@ -25,16 +25,18 @@ import numpy as np
 from dpro.errors import DproInputError
 from dpro.graph.comm_model import LinkCost, ring_steps
 from dpro.graph.global_dfg import ACCELERATORS
-from dpro.graph.stats import node_stats, typical_steps
+from dpro.graph.intervals import overlap, union_length
+from dpro.graph.overhead import Overhead, measured_overhead, scale_overhead
+from dpro.graph.stats import OpStats, node_stats, typical_steps
 from dpro.gtrace.schema import GTrace, NodeTrace
-from dpro.optimizer import horovod_profile as hvd_profile
-from dpro.optimizer.contention import CpuShare, measured_share, overlap, union_length
+from dpro.optimizer import horovod
 from dpro.optimizer.libraries import MXNET_DEFAULT_BOUND
-from dpro.optimizer.ps import PsLayout, fit_server_link, fit_update
-from dpro.optimizer.ps import base_name as ps_base
-from dpro.optimizer.ps import layout as ps_layout
-from dpro.optimizer.ps import server_of as ps_server_of
-from dpro.replayer.overhead import Overhead, measured_overhead, scale_overhead
+from dpro.optimizer.ps.costs import fit_server_link, fit_update
+from dpro.optimizer.ps.layout import PsLayout
+from dpro.optimizer.ps.layout import base_name as ps_base
+from dpro.optimizer.ps.layout import layout as ps_layout
+from dpro.optimizer.ps.layout import server_of as ps_server_of
+from dpro.replayer.cpu_contention import CpuShare, measured_share
 
 log = logging.getLogger(__name__)
 
@@ -91,23 +93,23 @@ class JobModel:
     worker: str = ""
     #: every worker's computation per step (own time + host gaps, µs), by name
     loads: dict[str, float] = field(default_factory=dict)
-    #: CPU contention between computation and collectives (dpro.optimizer.contention), if measured
+    #: CPU contention between computation and collectives (dpro.replayer.cpu_contention), if measured
     cpu: CpuShare | None = None
     #: the representative worker's memory record (``meta["memory"]``, docs/memory.md), if any
     memory: dict | None = None
     #: module -> {"eager_us", "compiled_us"} measured by the recorder (``--measure-compile``)
     compile: dict[str, dict] | None = None
     #: (batch fraction r, op -> own time µs at r) from a trace at a smaller batch
-    #: (:func:`dpro.optimizer.micro.attach_micro_trace`), for gradient accumulation
+    #: (:func:`dpro.optimizer.memory.micro_batch.attach_micro_trace`), for gradient accumulation
     micro: tuple[float, dict[str, float]] | None = None
-    #: parameter server: keys, sizes, home servers, update cost (dpro.optimizer.ps)
+    #: parameter server: keys, sizes, home servers, update cost (dpro.optimizer.ps.layout)
     ps: PsLayout | None = None
     #: pieces per baseline group as profiled (None: 1 each)
     baseline_partitions: list[int] | None = None
     #: Horovod job profiled with Horovod's default fusion (no fusion setting, no explicit
     #: groups): its own grouping is what the defaults do in it (dpro.optimizer.optimize)
     horovod_defaults_profiled: bool = False
-    #: cache: per op, the bit set of its ancestors (see evaluate._ancestors)
+    #: cache: per op, the bit set of its ancestors (see worker_graph._ancestors)
     ancestors: dict[str, int] | None = field(default=None, repr=False)
     #: cache: (bytes, pieces) -> sync time, µs (see evaluate.sync_time)
     sync_cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
@@ -138,15 +140,18 @@ class JobModel:
 
 
 def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None, *,
-              remove_overhead: bool = True, worker: str | None = None) -> JobModel:
+              remove_overhead: bool = True, worker: str | None = None,
+              stats: dict[str, dict[str, OpStats]] | None = None) -> JobModel:
     """Extract the optimizer's model from a (clock-aligned) gTrace.
 
     ``link`` is the fitted per-ring-step cost (from the replay's build); without one the
     synchronisation cannot be modelled and the trace is refused. ``remove_overhead``:
-    where the recorder measured its own overhead (:mod:`dpro.replayer.overhead`), take it
+    where the recorder measured its own overhead (:mod:`dpro.graph.overhead`), take it
     out of the host-side ops, so that predictions are of the job as it runs unprofiled.
     ``worker`` names the worker that stands for all (default: the slowest;
     :func:`dpro.optimizer.optimize.optimize` picks by agreement with the full replay).
+    ``stats``: the workers' op statistics over ``steps`` (``{node name: node_stats(nt,
+    steps)}``), where the caller has them (they are not changed); computed here otherwise.
     """
     where = gt.source or gt.manifest.meta.get("source") or "<trace>"
     ps = gt.manifest.scheme == "ps"
@@ -166,8 +171,12 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
                                     "with its size recorded on every rank of its group")
     if gt.manifest.library == "horovod":
-        link = hvd_profile.link_cost(workers[0], gt.manifest.world_size, steps, link)
-    per_rank = [node_stats(nt, steps) for nt in workers]
+        link = horovod.link_cost(workers[0], gt.manifest.world_size, steps, link)
+    if stats is None:
+        per_rank = [node_stats(nt, steps) for nt in workers]
+    else:
+        key = {id(nt): name for name, nt in gt.nodes.items()}
+        per_rank = [stats[key[id(nt)]] for nt in workers]
     # By default the slowest worker stands for all: a synchronous job runs at its straggler's pace.
     load = [sum(s.dur + s.gap for o, s in st.items() if nt.ops[o].cat != "COMM") for nt, st in zip(workers, per_rank)]
     names = [w.info.name for w in workers]
@@ -193,7 +202,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     notes += cnotes
     overhead = measured_overhead(rep) if remove_overhead else None
     if overhead is not None:
-        notes += _remove_overhead(overhead, ops)
+        notes += remove_host_overhead(overhead, ops)
 
     comm = [op for op in rep.ops.values() if op.cat == "COMM"]
     preds: dict[str, list[str]] = defaultdict(list)
@@ -205,8 +214,8 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     comm.sort(key=lambda o: (st0[o.id].offset if o.id in st0 else 0.0, o.id))
     # a PS worker launches pushes; its pulls wait on the servers, not on the host
     # (a Horovod collective's recorded gap also holds its excess over the uncontended ring
-    # cost, which the optimizer's link fit already charges to its duration: hvd_profile.link_cost)
-    excess = hvd_profile.excess_by_atom(rep, steps) if gt.manifest.library == "horovod" else {}
+    # cost, which the optimizer's link fit already charges to its duration: horovod.link_cost)
+    excess = horovod.excess_by_atom(rep, steps) if gt.manifest.library == "horovod" else {}
     launch = [max(0.0, st0[o.id].gap - excess.get(o.id, 0.0))
               for o in comm if o.id in st0 and st0[o.id].samples and (not ps or o.sub_op == "PUSH_REQ")]
 
@@ -221,7 +230,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
     else:
         units, groups = _collective_units(rep, comm, ops, preds, succs)
         if gt.manifest.library == "horovod":
-            groups = hvd_profile.step_grouping(rep, units, steps) or groups
+            groups = horovod.step_grouping(rep, [u.name for u in units], steps) or groups
     if not units:
         raise DproInputError(where, "has no gradient synchronisation (no ALLREDUCE/PUSH op) to optimize")
     return JobModel(
@@ -232,7 +241,7 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         notes=notes, overhead=overhead, memory=rep.meta.get("memory") if isinstance(rep.meta.get("memory"), dict) else None,
         compile=_compile_facts([w.meta.get("compile") for w in workers]), cpu=cpu, worker=rep.info.name,
         loads=dict(zip(names, load)), ps=layout, baseline_partitions=partitions,
-        horovod_defaults_profiled=gt.manifest.library == "horovod" and hvd_profile.ran_defaults(rep),
+        horovod_defaults_profiled=gt.manifest.library == "horovod" and horovod.ran_defaults(rep),
     )
 
 
@@ -326,7 +335,7 @@ def _bucket_params(nt: NodeTrace, tensor: str | None) -> list[str]:
 
 def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dict[str, CompOp],
                 link: LinkCost) -> tuple[CpuShare | None, LinkCost, list[str]]:
-    """The rank's CPU share (dpro.optimizer.contention) and, where its collectives took CPU
+    """The rank's CPU share (dpro.replayer.cpu_contention) and, where its collectives took CPU
     from its computation, the ops' own times and the link cost without that contention.
 
     Per typical step, each host op's overlap with the collectives (and each collective's
@@ -375,9 +384,9 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
         f"back per step)"]
 
 
-def _remove_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
+def remove_host_overhead(ov: Overhead, ops: dict[str, CompOp]) -> list[str]:
     """Scale the host-side ops' gaps and own times by the recorder's unprofiled/profiled
-    step ratio (dpro.replayer.overhead.scale_overhead). Returns a note (nothing when
+    step ratio (dpro.graph.overhead.scale_overhead). Returns a note (nothing when
     nothing changed)."""
     host = [o for o in ops.values() if o.device.startswith("cpu")]
     r = scale_overhead(ov, host)

@@ -13,11 +13,12 @@ import logging
 from dataclasses import dataclass, field
 
 from dpro.errors import DproInputError
-from dpro.optimizer.evaluate import analyse, build, replay
-from dpro.optimizer.memory import strategy_memory
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.evaluate import analyse, schedule_of
+from dpro.optimizer.job_model import JobModel
+from dpro.optimizer.memory.peak import strategy_memory
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.worker_graph import build
 from dpro.progress import Tick, _noop
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class MemoryChoice:
 
 @dataclass
 class MemoryFit:
+    """The memory step's outcome: the budget, the job as it was, the choice, all tried."""
+
     budget_bytes: int
     before: MemoryChoice
     chosen: MemoryChoice
@@ -57,7 +60,7 @@ class CannotFit(DproInputError):
 
 def evaluate_memory(model: JobModel, st: Strategy, changes: tuple[str, ...] = ()) -> MemoryChoice:
     built = build(model, st)
-    sched = replay(model, built)
+    sched = schedule_of(model, built)
     return MemoryChoice(st, sched.makespan, strategy_memory(model, st, built, sched).peak_bytes, changes)
 
 

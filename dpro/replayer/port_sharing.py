@@ -43,7 +43,7 @@ class Flow:
     direction: int
 
 
-def simulate(g: CompiledGraph, flows: dict[int, Flow], alpha: float, beta: float, workers: int) -> Schedule:
+def simulate_port_sharing(g: CompiledGraph, flows: dict[int, Flow], alpha: float, beta: float, workers: int) -> Schedule:
     """Replay ``g`` with the ops in ``flows`` as shared-port messages (module docstring)."""
     n = g.n
     start = np.full(n, np.nan)
@@ -64,6 +64,7 @@ def simulate(g: CompiledGraph, flows: dict[int, Flow], alpha: float, beta: float
     t, done = 0.0, 0
 
     def launch(now: float) -> None:
+        """Start the next queued op on every idle device."""
         for d, q in enumerate(queues):
             if busy[d] or not q:
                 continue
@@ -88,7 +89,7 @@ def simulate(g: CompiledGraph, flows: dict[int, Flow], alpha: float, beta: float
             if te < nxt - _EPS:
                 nxt = te
         if nxt == float("inf"):
-            raise RuntimeError("fluid replay: ops left that can never run (a cycle)")
+            raise RuntimeError("port-sharing replay: ops left that can never run (a cycle)")
         dt = nxt - t
         for i in moving:
             moving[i] -= dt * rate(flows[i].direction)

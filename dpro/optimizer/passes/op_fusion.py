@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dpro.optimizer.evaluate import KIND_COMP, KIND_IN, sync_time
-from dpro.optimizer.model import JobModel
+from dpro.optimizer.evaluate import sync_time
+from dpro.optimizer.job_model import JobModel
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import fused_tensor_gain_after_op_fusion, op_fusion_gain
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.worker_graph import KIND_COMP, KIND_IN
 
 FUSIBLE = ("FW", "BW", "UPDATE")
 
@@ -90,6 +91,7 @@ class OpFusion(GraphPass):
         return succ, pred, waits
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """Adjacent single-edge chains of computation ops on the critical path where Theorem 1 gains."""
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
         if m.framework == "tensorflow":  # no helper compiles a TF region: XLA of it all (dpro.optimizer.xla)
             return []
@@ -121,6 +123,7 @@ class OpFusion(GraphPass):
         return out
 
     def apply(self, ctx: PassContext, cand: Candidate) -> Strategy:
+        """The chain fused, then its gradients' adjacent groups merged while Theorem 3 gains."""
         m = ctx.model
         chain = cand.target[1]
         st = ctx.strategy.with_fusion(chain, fused_duration(m, chain, self.compute_factor))

@@ -11,7 +11,7 @@ import logging
 from importlib.metadata import entry_points
 
 from dpro.errors import DproInputError
-from dpro.passes.base import MARK, GraphPass
+from dpro.optimizer.passes.base import MARK, GraphPass
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,11 @@ class PassRegistry:
 
 
 def builtin_passes() -> list[GraphPass]:
-    from dpro.passes.grad_accumulation import GradientAccumulation
-    from dpro.passes.op_fusion import OpFusion
-    from dpro.passes.recomputation import Recomputation
-    from dpro.passes.tensor_fusion import TensorFusion
-    from dpro.passes.tensor_partition import TensorPartition
+    from dpro.optimizer.passes.grad_accumulation import GradientAccumulation
+    from dpro.optimizer.passes.op_fusion import OpFusion
+    from dpro.optimizer.passes.recomputation import Recomputation
+    from dpro.optimizer.passes.tensor_fusion import TensorFusion
+    from dpro.optimizer.passes.tensor_partition import TensorPartition
 
     return [TensorFusion(), OpFusion(), TensorPartition(), Recomputation(), GradientAccumulation()]
 

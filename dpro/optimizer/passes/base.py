@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from dpro.optimizer.evaluate import Analysis
-    from dpro.optimizer.model import JobModel
+    from dpro.optimizer.job_model import JobModel
     from dpro.optimizer.strategy import Strategy
 
 

@@ -9,7 +9,7 @@ skipped: the profiler starting), medians of each. Without them: the fastest warm
 lazy initialisation) against the fastest window call, since warm-up calls are still
 getting faster (measured: 190 ms down to 97 ms over 8 warm-up calls of a 2-rank mlp; 4 TF
 workers on 2 cores had not settled after 5). Their ratio, applied to every op the
-worker ran on its CPU (:func:`scale_overhead`), is how :func:`dpro.optimizer.model.job_model`
+worker ran on its CPU (:func:`scale_overhead`), is how :func:`dpro.optimizer.job_model.job_model`
 and ``dpro replay`` predict the job as it runs unprofiled.
 """
 

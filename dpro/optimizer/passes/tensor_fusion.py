@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpro.optimizer.evaluate import KIND_IN, KIND_XFER, sync_time
+from dpro.optimizer.evaluate import sync_time
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.theorems import tensor_fusion_gain
-from dpro.passes.base import Candidate, GraphPass, PassContext
+from dpro.optimizer.worker_graph import KIND_IN, KIND_XFER
 
 
 def group_times(ctx: PassContext) -> dict[int, tuple[float, float, float]]:
@@ -34,6 +35,7 @@ class TensorFusion(GraphPass):
     name = "tensor_fusion"
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """Each adjacent pair of groups, one on the critical path, where Theorem 2 gains."""
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
         on_path = {int(a.built.group[i]) for i in a.critical if a.built.group[i] >= 0}
         times = group_times(ctx)

@@ -5,7 +5,7 @@ Candidates (:mod:`dpro.optimizer.blocks`): at each module depth, the first m blo
 depth for every m (checkpointing the earliest blocks frees the activations that live
 longest), i.e. ``torch.utils.checkpoint`` on those modules. The time cost is the
 block's forward run again (own times + host gaps) before its backward; the memory saved
-is what :mod:`dpro.optimizer.memory` computes from the recorded lifetimes.
+is what :mod:`dpro.optimizer.memory.peak` computes from the recorded lifetimes.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dpro.optimizer.blocks import blocks
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
 
 
 class Recomputation(GraphPass):
@@ -24,6 +24,7 @@ class Recomputation(GraphPass):
     kind = "memory"
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """At each module depth, the first m blocks of that depth, for every m."""
         by_depth: dict[int, list[str]] = defaultdict(list)
         for b in blocks(ctx.model):
             by_depth[b.depth].append(b.name)

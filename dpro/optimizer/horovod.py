@@ -7,15 +7,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpro.graph.comm_model import LinkCost, link_cost_on, ring_steps
 from dpro.gtrace.schema import NodeTrace
-
-if TYPE_CHECKING:
-    from dpro.optimizer.model import Unit
 
 
 @dataclass(frozen=True)
@@ -74,13 +70,14 @@ def link_cost(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) -> Li
     return link_cost_on(A, np.array([t for _, _, t in rows]), link.alpha, beta)
 
 
-def step_grouping(nt: NodeTrace, units: list[Unit], steps: list[int]) -> list[list[int]] | None:
+def step_grouping(nt: NodeTrace, units: list[str], steps: list[int]) -> list[list[int]] | None:
     """The grouping one profiled step ran: Horovod fuses by timing, so each step's groups
     differ and its atoms (the gradients never split across them) are finer than any step's
     (TF transformer: 11 atoms; 3, 5, 2, 2, 3 groups in its 5 steps). The step with the median
     number of groups stands for the job (the lower median; among steps with as many groups,
-    the earliest); None when a step's groups do not cover the units exactly."""
-    index = {u.name: i for i, u in enumerate(units)}
+    the earliest); None when a step's groups do not cover the units (gradient names, in the
+    optimizer's order) exactly."""
+    index = {u: i for i, u in enumerate(units)}
     by_step: dict[int, list[FusedGroup]] = defaultdict(list)
     for g in fused_groups(nt, steps):
         by_step[g.step].append(g)

@@ -10,8 +10,8 @@ over all servers' links.
 from __future__ import annotations
 
 from dpro.optimizer.evaluate import sync_time
+from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
 from dpro.optimizer.strategy import Strategy
-from dpro.passes.base import Candidate, GraphPass, PassContext
 
 
 def best_partition(model, nbytes: int, max_pieces: int = 16) -> tuple[int, float]:
@@ -35,6 +35,7 @@ class TensorPartition(GraphPass):
         self.max_pieces = max_pieces
 
     def candidates(self, ctx: PassContext) -> list[Candidate]:
+        """Each group on the critical path whose best piece count syncs faster than its own."""
         m, st, a = ctx.model, ctx.strategy, ctx.analysis
         on_path = sorted({int(a.built.group[i]) for i in a.critical if a.built.group[i] >= 0})
         out = []

@@ -1,0 +1,1 @@
+"""Contracts: names that two sides of dpro must agree on (files, keys, environment variables)."""
