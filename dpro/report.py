@@ -15,6 +15,8 @@ def _ms(us: float | None) -> str:
 
 
 def print_replay(res: ReplayResult, path: Path, top: int = 15, timeline: Path | None = None) -> None:
+    """The terminal summary of ``dpro replay``: predicted vs measured, the graph, the
+    breakdown, the longest ``top`` critical-path ops, the notes."""
     con = Console()
     con.print(f"[bold]dpro replay[/bold] {path}")
     err = res.error_pct

@@ -35,6 +35,8 @@ class PairBounds:
 
 
 def pair_bounds(data: AlignData) -> PairBounds:
+    """The tightest bound on θ_i - θ_j of every ordered node pair, over all the
+    dependency instances in ``data`` (receives and collectives)."""
     n = len(data.names)
     LO = np.full((n, n), -np.inf)
     rv = data.recv

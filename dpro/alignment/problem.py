@@ -189,6 +189,8 @@ class Builder:
 
     # ------------------------------------------------------------------ patterns
     def pattern(self, theta: np.ndarray) -> Pattern:
+        """The active pattern at ``theta``: for every receive, whether its sender's start (not
+        its own recorded start) binds it; for every collective instance, the node that arrived last."""
         rv, co = self.data.recv, self.data.coll
         send = (rv.b + theta[rv.s] - theta[rv.r]) > rv.a if rv.n else np.zeros(0, dtype=bool)
         if co.n:

@@ -38,6 +38,7 @@ class AlignResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
+        """As ``dpro align --json`` prints it (µs)."""
         return {
             "offsets_us": self.offsets_us,
             "reference": self.reference,

@@ -52,6 +52,7 @@ class Op:
     layer: str | None = None
 
     def to_json(self) -> dict:
+        """The op as it appears in a ``*.dfg.json.gz`` file (docs/gtrace.md)."""
         d: dict = {"id": self.id, "name": self.name, "cat": self.cat, "device": self.device}
         if self.layer is not None:
             d["layer"] = self.layer
@@ -148,6 +149,7 @@ class Manifest:
     meta: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """The ``manifest.json`` of a gTrace directory (docs/gtrace.md)."""
         return {
             "format": FORMAT_NAME,
             "version": self.version,

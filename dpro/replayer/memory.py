@@ -75,6 +75,8 @@ class MemoryEstimate:
     at_peak: dict[str, int] = field(default_factory=dict)
 
     def to_json(self, timeline: bool = False) -> dict:
+        """As ``dpro replay --json`` prints it under ``memory``; ``timeline``: with the
+        live-bytes timeline."""
         d = {
             "peak_bytes": self.peak_bytes,
             "peak_us": self.peak_us,

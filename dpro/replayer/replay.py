@@ -55,6 +55,7 @@ class ReplayResult:
         return None if not m else 100.0 * (self.predicted_iteration_us - m) / m
 
     def to_json(self) -> dict:
+        """Exactly ``dpro replay --json``."""
         lc = self.build.link_cost
         return {
             "predicted_iteration_us": self.predicted_iteration_us,

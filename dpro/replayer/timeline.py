@@ -16,6 +16,8 @@ from dpro.replayer.engine import Schedule
 
 
 def timeline_json(g: CompiledGraph, sched: Schedule) -> dict:
+    """The replayed iteration as a Chrome trace (opens in Perfetto): the critical path as
+    its own process, then one process per node (the network for links), one thread per device."""
     crit = critical_path_indices(sched)
     on_path = set(crit)
     ev: list[dict] = [
