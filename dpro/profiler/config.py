@@ -7,12 +7,14 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_OUT = "DPRO_TRACE_DIR"
-ENV_WARMUP = "DPRO_WARMUP"
-ENV_STEPS = "DPRO_STEPS"
-ENV_HOST = "DPRO_HOST"
-ENV_DISABLE = "DPRO_DISABLE"
-ENV_AFTER = "DPRO_AFTER_STEPS"
+from dpro.contracts.recording import (
+    ENV_AFTER_STEPS,
+    ENV_DISABLE,
+    ENV_HOST,
+    ENV_STEPS,
+    ENV_TRACE_DIR,
+    ENV_WARMUP,
+)
 
 DEFAULT_WARMUP = 5
 DEFAULT_STEPS = 5
@@ -40,12 +42,12 @@ class RecordConfig:
         n = steps if steps is not None else int(env.get(ENV_STEPS, DEFAULT_STEPS))
         if w < 0 or n < 1:
             raise ValueError(f"dpro: need warmup >= 0 and steps >= 1 (got warmup={w}, steps={n})")
-        out = Path(out_dir if out_dir is not None else env.get(ENV_OUT, DEFAULT_OUT))
+        out = Path(out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT))
         return cls(
             out_dir=out,
             warmup=w,
             steps=n,
             host=env.get(ENV_HOST) or socket.gethostname(),
             enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes"),
-            after=max(0, int(env.get(ENV_AFTER, DEFAULT_AFTER))),
+            after=max(0, int(env.get(ENV_AFTER_STEPS, DEFAULT_AFTER))),
         )

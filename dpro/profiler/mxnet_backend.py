@@ -39,17 +39,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpro.profiler.config import ENV_DISABLE, ENV_OUT, ENV_STEPS, ENV_WARMUP, RecordConfig
+from dpro.contracts.recording import (
+    ENV_DISABLE,
+    ENV_HOST,
+    ENV_MXNET_KEEP_BULKING,
+    ENV_STEPS,
+    ENV_TRACE_DIR,
+    ENV_WARMUP,
+    FRAMEWORK_MXNET,
+    MetaKey,
+    ServerKey,
+    rank_meta_name,
+    rank_trace_name,
+    server_file_name,
+)
+from dpro.profiler.config import RecordConfig
 from dpro.profiler.mxnet_memory import TrainerWatch, static_facts
 
 log = logging.getLogger(__name__)
 
-SERVER_SUFFIX = ".kv.json"
 DEFAULT_BIGARRAY_BOUND = 1_000_000
-
-
-#: keep MXNet's operator bulking in the window (``dpro profile --mxnet-keep-bulking``)
-ENV_KEEP_BULKING = "DPRO_MXNET_KEEP_BULKING"
 
 
 def now_us() -> float:
@@ -119,7 +128,7 @@ class MXNetBackend:
 
         Not with ``DPRO_MXNET_KEEP_BULKING=1`` (``dpro profile --mxnet-keep-bulking``): the
         window then runs the job as the user does, and a bulked segment is one op."""
-        if os.environ.get(ENV_KEEP_BULKING, "") in ("1", "true", "yes"):
+        if os.environ.get(ENV_MXNET_KEEP_BULKING, "") in ("1", "true", "yes"):
             return
         model = self.model
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
@@ -262,31 +271,31 @@ class MXNetBackend:
         kv = self._kv
         rank = int(kv.rank) if kv is not None else int(os.environ.get("DMLC_WORKER_ID", 0))
         out = self.config.out_dir
-        with open(prof, "rb") as f, gzip.open(out / f"rank{rank}.json.gz", "wb") as g:
+        with open(prof, "rb") as f, gzip.open(out / rank_trace_name(rank), "wb") as g:
             g.write(_with_header(f.read()))
         prof.unlink()
         self._tmp.rmdir()
         meta = {
-            "framework": "mxnet",
-            "framework_version": mx.__version__,
-            "rank": rank,
-            "world_size": int(kv.num_workers) if kv is not None else 1,
-            "kvstore": str(kv.type) if kv is not None else None,
-            "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
-            "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND)),
-            "host": self.config.host,
-            "pid": os.getpid(),
-            "steps": [{"step": s, "ts": t, "dur": d} for s, t, d in self.steps],
-            "keys": [vars(k) for k in sorted(self.keys.values(), key=lambda k: k.key)],
-            "params": [p.name for p in self.model.collect_params().values()],
-            "symbol": self._symbol_json(),
-            "memory": self._memory_facts(),
+            MetaKey.FRAMEWORK: FRAMEWORK_MXNET,
+            MetaKey.FRAMEWORK_VERSION: mx.__version__,
+            MetaKey.RANK: rank,
+            MetaKey.WORLD_SIZE: int(kv.num_workers) if kv is not None else 1,
+            MetaKey.KVSTORE: str(kv.type) if kv is not None else None,
+            MetaKey.NUM_SERVERS: int(os.environ.get("DMLC_NUM_SERVER", "0")),
+            MetaKey.BIGARRAY_BOUND: int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND)),
+            MetaKey.HOST: self.config.host,
+            MetaKey.PID: os.getpid(),
+            MetaKey.STEPS: [{"step": s, "ts": t, "dur": d} for s, t, d in self.steps],
+            MetaKey.KEYS: [vars(k) for k in sorted(self.keys.values(), key=lambda k: k.key)],
+            MetaKey.PARAMS: [p.name for p in self.model.collect_params().values()],
+            MetaKey.SYMBOL: self._symbol_json(),
+            MetaKey.MEMORY: self._memory_facts(),
             # the recorder's wall time of every step call, warm-up included (dpro.replayer.overhead)
-            "step_wall_us": list(getattr(self, "step_wall_us", [])),
+            MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
             # how the window ran the job differently (the overhead then counts both ways)
-            "window_changes_job": self.window_change,
+            MetaKey.WINDOW_CHANGES_JOB: self.window_change,
         }
-        self.meta_path = out / f"rank{rank}.meta.json"
+        self.meta_path = out / rank_meta_name(rank)
         self.meta_path.write_text(json.dumps(meta))
         log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)
         self._rebulk()
@@ -344,13 +353,15 @@ class ServerRecorder:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         doc = {
-            "framework": "mxnet", "role": "server", "rank": rank, "num_workers": num_workers,
-            "host": os.environ.get("DPRO_HOST") or socket.gethostname(), "pid": os.getpid(),
-            "warmup": int(os.environ.get(ENV_WARMUP, 0) or 0), "steps": int(os.environ.get(ENV_STEPS, 0) or 0),
-            "columns": ["key", "call", "ts_call", "ts_merged", "ts_end", "bytes"],
-            "updates": self.records,
+            ServerKey.FRAMEWORK: FRAMEWORK_MXNET, ServerKey.ROLE: "server", ServerKey.RANK: rank,
+            ServerKey.NUM_WORKERS: num_workers,
+            ServerKey.HOST: os.environ.get(ENV_HOST) or socket.gethostname(), ServerKey.PID: os.getpid(),
+            ServerKey.WARMUP: int(os.environ.get(ENV_WARMUP, 0) or 0),
+            ServerKey.STEPS: int(os.environ.get(ENV_STEPS, 0) or 0),
+            ServerKey.COLUMNS: ["key", "call", "ts_call", "ts_merged", "ts_end", "bytes"],
+            ServerKey.UPDATES: self.records,
         }
-        (self.out_dir / f"server{rank}{SERVER_SUFFIX}").write_text(json.dumps(doc))
+        (self.out_dir / server_file_name(rank)).write_text(json.dumps(doc))
 
 
 def run_ps_node() -> None:
@@ -374,8 +385,8 @@ def run_ps_node() -> None:
         from mxnet.kvstore.kvstore_server import KVStoreServer
     finally:
         os.environ["DMLC_ROLE"] = role
-    enabled = bool(os.environ.get(ENV_OUT)) and os.environ.get(ENV_DISABLE, "") not in ("1", "true", "yes")
-    rec = ServerRecorder(Path(os.environ[ENV_OUT]) if enabled else None)
+    enabled = bool(os.environ.get(ENV_TRACE_DIR)) and os.environ.get(ENV_DISABLE, "") not in ("1", "true", "yes")
+    rec = ServerRecorder(Path(os.environ[ENV_TRACE_DIR]) if enabled else None)
     kv = mx.kv.create("dist")
 
     class _Server(KVStoreServer):

@@ -43,11 +43,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dpro.gtrace.schema import NodeTrace
 
+from dpro.contracts.recording import MEMORY_VERSION, MetaKey
+
 log = logging.getLogger(__name__)
 
-#: the key of the memory facts in rank<r>.meta.json and in a node's DFG ``meta``
-META_KEY = "memory"
-FORMAT_VERSION = 1
 #: the profiler's counter domain and the prefix of its CPU counters
 COUNTER_CAT = "Device Storage"
 CPU_COUNTER = "Memory: cpu"
@@ -184,7 +183,7 @@ def static_facts(model: Any, trainers: list[Any]) -> dict:
             add("grads", p.list_grad())
     opts = [optimizer_facts(t) for t in trainers]
     static["optimizer_state"] = sum(o["state_bytes"] for o in opts)
-    return {"version": FORMAT_VERSION, "static": static, "static_bytes": sum(static.values()), "optimizers": opts,
+    return {"version": MEMORY_VERSION, "static": static, "static_bytes": sum(static.values()), "optimizers": opts,
             "instrument": "mx.profiler storage counter (profile_memory=True)"}
 
 
@@ -246,7 +245,7 @@ def attach_counter(nt: "NodeTrace", events: list[dict], facts: dict | None, main
     steps = sorted(nt.steps)
     if not deltas or len(steps) < 2:
         if facts:
-            nt.meta[META_KEY] = mem
+            nt.meta[MetaKey.MEMORY] = mem
         if not deltas:
             log.info("%s: no storage counter events (profile_memory off?): static arrays only", nt.info.name)
         return
@@ -306,4 +305,4 @@ def attach_counter(nt: "NodeTrace", events: list[dict], facts: dict | None, main
         "unattributed_bytes": 0,
         "counter_lowest": lowest,
     })
-    nt.meta[META_KEY] = mem
+    nt.meta[MetaKey.MEMORY] = mem

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from dpro.contracts.recording import MetaKey
 from dpro.jsonio import read_json, write_json
 from dpro.profiler.config import RecordConfig
 
@@ -145,8 +146,8 @@ class Recorder:
             return
         try:
             meta = read_json(path)
-            meta["step_wall_after_us"] = walls
-            meta["cpu_after_us"] = {"process": self._cpu_after[0], "thread": self._cpu_after[1], "calls": len(walls)}
+            meta[MetaKey.STEP_WALL_AFTER_US] = walls
+            meta[MetaKey.CPU_AFTER_US] = {"process": self._cpu_after[0], "thread": self._cpu_after[1], "calls": len(walls)}
             write_json(path, meta)
         except Exception as e:  # noqa: BLE001 - never break the training job
             log.warning("dpro: could not add the steps after the window to %s: %s", path, e)

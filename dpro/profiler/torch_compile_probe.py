@@ -23,16 +23,16 @@ import statistics
 import time
 from typing import Any
 
+from dpro.contracts.recording import ENV_COMPILE_BUDGET_S, ENV_MEASURE_COMPILE
+
 log = logging.getLogger(__name__)
 
-ENV_MEASURE = "DPRO_MEASURE_COMPILE"
-ENV_BUDGET = "DPRO_COMPILE_BUDGET_S"
 DEFAULT_BUDGET_S = 600.0
 REPEATS = 7
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_MEASURE, "") in ("1", "true", "yes")
+    return os.environ.get(ENV_MEASURE_COMPILE, "") in ("1", "true", "yes")
 
 
 class CompileProbe:
@@ -74,7 +74,7 @@ class CompileProbe:
         """Eager vs compiled forward + backward time per measured module (µs)."""
         import torch
 
-        budget = budget_s if budget_s is not None else float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET_S))
+        budget = budget_s if budget_s is not None else float(os.environ.get(ENV_COMPILE_BUDGET_S, DEFAULT_BUDGET_S))
         t_end = time.monotonic() + budget
         rng = torch.get_rng_state()
         out: dict[str, dict] = {}

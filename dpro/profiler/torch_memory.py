@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from dpro.contracts.recording import MEMORY_VERSION, TORCH_STEP_PREFIX, MetaKey
 from dpro.errors import DproInputError
 
 if TYPE_CHECKING:
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the key of the memory facts in rank<r>.meta.json and in a node's DFG ``meta``
-META_KEY = "memory"
-FORMAT_VERSION = 1
 #: kinds of static storage
 KINDS = ("params", "grads", "optimizer_state", "buffers")
 
@@ -225,7 +223,7 @@ class MemoryWatch:
         bucket_bytes = sum(int(b.get("bytes", 0)) for b in buckets or [])
         static["ddp_buckets"] = 0 if views else bucket_bytes
         return {
-            "version": FORMAT_VERSION,
+            "version": MEMORY_VERSION,
             "static": static,
             "static_bytes": sum(static.values()),
             "param_bytes": sum(p.numel() * p.element_size() for p in self.inner.parameters()),
@@ -256,7 +254,7 @@ def _memory_events(raw: dict, path: Path) -> tuple[object, list[tuple[float, obj
     for e in evs:
         if not isinstance(e, dict):
             continue
-        if main is None and e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+        if main is None and e.get("ph") == "X" and str(e.get("name", "")).startswith(TORCH_STEP_PREFIX):
             main = e.get("tid")
         if e.get("name") == "[memory]":
             a = e.get("args") or {}
@@ -298,7 +296,7 @@ def attach_allocations(nt: "NodeTrace", rank_file: Path, facts: dict | None = No
         raise DproInputError(rank_file, f"not valid JSON ({e})") from None
     main, mem = _memory_events(raw, Path(rank_file))
     del raw, data
-    out = dict(facts or nt.meta.get(META_KEY) or {})
+    out = dict(facts or nt.meta.get(MetaKey.MEMORY) or {})
     if not mem:
         return None
     main_dev = "cpu:main"
@@ -354,7 +352,7 @@ def attach_allocations(nt: "NodeTrace", rank_file: Path, facts: dict | None = No
             peak[op] += top
     names = set(alloc) | set(free) | set(peak)
     out.update({
-        "version": FORMAT_VERSION,
+        "version": MEMORY_VERSION,
         "steps": analysed,
         "carry_in": int(round(carry / n)),
         "ops": {op: {"peak": int(round(peak[op] / n)), "alloc": int(round(alloc[op] / n)),
@@ -362,5 +360,5 @@ def attach_allocations(nt: "NodeTrace", rank_file: Path, facts: dict | None = No
         "lifetimes": [[a, b, int(round(v / n))] for (a, b), v in sorted(lifetimes.items(), key=lambda x: (x[0][0], x[0][1] or ""))],
         "unattributed_bytes": int(round(unattributed / n)),
     })
-    nt.meta[META_KEY] = out
+    nt.meta[MetaKey.MEMORY] = out
     return out
