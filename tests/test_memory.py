@@ -12,7 +12,7 @@ import pytest
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-from dpro.profiler.torch_memory import attach_allocations
+from dpro.importers.recording.allocations import attach_allocations
 from dpro.replayer.memory import OpMemory, live_timeline, peak_memory
 
 REPO = Path(__file__).absolute().parents[1]

@@ -123,6 +123,8 @@ FRAMEWORK_MXNET = "mxnet"
 #: version of the memory facts (``MetaKey.MEMORY``; the importers keep them under the same key
 #: in a node's DFG ``meta``, docs/memory.md)
 MEMORY_VERSION = 1
+#: the kinds of static storage the memory facts count (``memory["static"]``)
+MEMORY_STATIC_KINDS = ("params", "grads", "optimizer_state", "buffers")
 
 #: torch.profiler annotations the PyTorch recorder adds: each module's forward and each DDP bucket's
 #: all-reduce (read by :mod:`dpro.importers.kineto`)

@@ -25,7 +25,7 @@ from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
 from dpro.importers.kineto import import_kineto
 from dpro.jsonio import read_json
 from dpro.profiler.horovod import apply_horovod_timeline
-from dpro.profiler.torch_memory import attach_allocations
+from dpro.importers.recording.allocations import attach_allocations
 
 log = logging.getLogger(__name__)
 

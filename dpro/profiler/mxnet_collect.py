@@ -34,7 +34,7 @@ from pathlib import Path
 from dpro.contracts.recording import RANK_META_GLOB, SERVER_GLOB, MetaKey, rank_meta_name
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
-from dpro.profiler.mxnet_memory import attach_counter
+from dpro.importers.mxnet.memory import attach_counter
 from dpro.profiler.mxnet_record import Interval, ServerRaw, WorkerRaw, read_server, read_worker
 from dpro.progress import progress_bar
 

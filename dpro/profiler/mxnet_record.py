@@ -12,7 +12,7 @@ from typing import Any
 from dpro.contracts.recording import MetaKey, ServerKey, rank_trace_name
 from dpro.errors import DproInputError
 from dpro.jsonio import read_json
-from dpro.profiler.mxnet_memory import COUNTER_CAT
+from dpro.importers.mxnet.memory import COUNTER_CAT
 
 IGNORED = {"DeleteVariable"}  # engine bookkeeping (a variable freed), ~1 µs, no dependency
 
@@ -33,7 +33,7 @@ class WorkerRaw:
     steps: dict[int, tuple[float, float]]
     keys: dict[int, dict]
     ops: list[Interval] = field(default_factory=list)
-    #: the storage counter's events (``profile_memory=True``), for mxnet_memory
+    #: the storage counter's events (``profile_memory=True``), for :mod:`dpro.importers.mxnet.memory`
     counters: list[dict] = field(default_factory=list)
 
 

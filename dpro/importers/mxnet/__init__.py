@@ -1,0 +1,1 @@
+"""An MXNet recording of `dpro profile` (workers and parameter servers) -> gTrace."""
