@@ -217,7 +217,7 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
     import tempfile
 
     from dpro.gtrace.io import write_gtrace
-    from dpro.profiler.collect import collect as collect_raw, merge_dirs
+    from dpro.importers.recording import collect as collect_raw, merge_dirs
 
     with tempfile.TemporaryDirectory(prefix="dpro-merge-") as tmp:
         merge_dirs(list(dirs), Path(tmp))

@@ -23,8 +23,8 @@ from dpro.errors import DproInputError
 from dpro.gtrace.io import load_gtrace
 from dpro.gtrace.validate import find_cycle
 from dpro.profiler.horovod_runtime import TIMELINE_NAME
-from dpro.profiler.horovod_timeline import load_horovod_timeline
-from dpro.profiler.tf_collect import collect_tf
+from dpro.importers.horovod.timeline import load_horovod_timeline
+from dpro.importers.tensorflow.convert import collect_tf
 from dpro.replayer.replay import replay
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from dpro.contracts.recording import (
     RAW_DIR,
     TIMELINE_NAME,
 )
-from dpro.profiler.collect import collect, rank_files
+from dpro.importers.recording import collect, rank_files
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """TF + Horovod: which gradient each Horovod all-reduce carries (its trainable variable, producer
 and consumers in the graph), and the fusion atoms of Horovod's timeline joined to the graph
-(:mod:`dpro.profiler.tf_collect`'s docstring, "Horovod"; the atom model is :mod:`dpro.profiler.horovod`'s)."""
+(:mod:`dpro.importers.tensorflow.convert`'s docstring, "Horovod"; the atom model is :mod:`dpro.importers.horovod.atoms`'s)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dpro.contracts.recording import RAW_DIR, TIMELINE_NAME, MetaKey
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, Op, Tensor
 from dpro.gtrace.validate import find_cycle
-from dpro.profiler import horovod as hvdlib
-from dpro.profiler.horovod_timeline import HorovodTimeline, load_horovod_timeline
-from dpro.profiler.tf_record import ALLREDUCES, BW_SCOPES, HOROVOD_GROUPED, STEP_END_ID, RankRecording
+from dpro.importers.horovod import atoms as hvdlib
+from dpro.importers.horovod.timeline import HorovodTimeline, load_horovod_timeline
+from dpro.importers.tensorflow.read import ALLREDUCES, BW_SCOPES, HOROVOD_GROUPED, STEP_END_ID, RankRecording
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dpro.contracts.recording import RANK_META_GLOB, SERVER_GLOB, MetaKey, rank_
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
 from dpro.importers.mxnet.memory import attach_counter
-from dpro.profiler.mxnet_record import Interval, ServerRaw, WorkerRaw, read_server, read_worker
+from dpro.importers.mxnet.read import Interval, ServerRaw, WorkerRaw, read_server, read_worker
 from dpro.progress import progress_bar
 
 log = logging.getLogger(__name__)

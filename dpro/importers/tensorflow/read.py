@@ -1,6 +1,6 @@
 """One rank's TensorFlow recording (``rank<r>.json.gz``, written by dpro's TF recorder) as read:
 the partition graphs TF executed and each op's execution per profiled step; and the names
-the DFG and the Horovod part both use. Turned into a gTrace by :mod:`dpro.profiler.tf_collect`."""
+the DFG and the Horovod part both use. Turned into a gTrace by :mod:`dpro.importers.tensorflow.convert`."""
 
 from __future__ import annotations
 

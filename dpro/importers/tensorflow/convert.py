@@ -27,7 +27,7 @@ time); FW: the rest.
 
 **Horovod.** Horovod names a TF tensor by its graph op (``HorovodAllreduce_<gradient>``),
 so rank 0's timeline joins the graph by name. The fusion-atom model, the event placement
-and the uncontended/excess split are those of the PyTorch path (:mod:`dpro.profiler.horovod`,
+and the uncontended/excess split are those of the PyTorch path (:mod:`dpro.importers.horovod.atoms`,
 used as a library): one ALLREDUCE op per atom on device ``comm``, ``enqueue -> atom ->`` the
 allreduce node's consumers in the graph, consecutive atoms chained. Gradient tensors are
 the allreduce inputs: name (the trainable variable, matched by creation order and size,
@@ -43,7 +43,7 @@ version's naming, a function whose graph was not collected) becomes a generic op
 lane, classified by time (FW before the step's first BW op, else OTHER); one note counts
 them. A rank without any graph gets a trace-only DFG (ops chained per lane) with a note.
 
-Reading a recording is :mod:`dpro.profiler.tf_record`; the Horovod part :mod:`dpro.profiler.tf_horovod`.
+Reading a recording is :mod:`dpro.importers.tensorflow.read`; the Horovod part :mod:`dpro.importers.tensorflow.horovod`.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
 from dpro.gtrace.validate import find_cycle
 from dpro.jsonio import read_json
-from dpro.profiler.tf_horovod import apply_horovod
-from dpro.profiler.tf_record import (
+from dpro.importers.tensorflow.horovod import apply_horovod
+from dpro.importers.tensorflow.read import (
     ALLREDUCES,
     BW_SCOPES,
     STEP_END_ID,

@@ -24,7 +24,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
 from dpro.importers.kineto import import_kineto
 from dpro.jsonio import read_json
-from dpro.profiler.horovod import apply_horovod_timeline
+from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.recording.allocations import attach_allocations
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,11 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
     """
     framework = recorded_framework(raw)
     if framework == FRAMEWORK_TENSORFLOW:
-        from dpro.profiler.tf_collect import collect_tf
+        from dpro.importers.tensorflow.convert import collect_tf
 
         return collect_tf(raw, progress=progress)
     if framework == FRAMEWORK_MXNET:
-        from dpro.profiler.mxnet_collect import collect_mxnet
+        from dpro.importers.mxnet.convert import collect_mxnet
 
         return collect_mxnet(raw, progress=progress)
     if not rank_files(raw):

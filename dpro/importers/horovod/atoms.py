@@ -6,7 +6,7 @@ hook at the end of its ``autograd::engine::evaluate_function:
 torch::autograd::AccumulateGrad`` op) and, inside ``Optimizer.step``, one ``aten::set_``
 per gradient, each right after ``synchronize()`` waited (a gap on the main thread) for
 that gradient's result. Rank 0's timeline (``HOROVOD_TIMELINE``, parsed by
-:mod:`dpro.profiler.horovod_timeline`) says when each fused response ran. This module
+:mod:`dpro.importers.horovod.timeline`) says when each fused response ran. This module
 adds, to every rank's NodeTrace, the COMM ops that connect the two.
 
 **Granularity: one coarse ALLREDUCE op per fusion atom.** Horovod fuses whatever is ready
@@ -66,7 +66,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, NodeTrace, Op
 from dpro.gtrace.validate import find_cycle
 from dpro.jsonio import read_bytes, read_json
-from dpro.profiler.horovod_timeline import FusionGroup, HorovodTimeline, load_horovod_timeline
+from dpro.importers.horovod.timeline import FusionGroup, HorovodTimeline, load_horovod_timeline
 
 log = logging.getLogger(__name__)
 
