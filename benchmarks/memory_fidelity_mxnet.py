@@ -89,7 +89,7 @@ def worker(a: argparse.Namespace) -> None:
     from mxnet import autograd, gluon
     from train_ps import build, make_batch
 
-    from dpro.profiler.mxnet_memory import static_facts
+    from dpro.profiler.mxnet.memory import static_facts
 
     model, opt, opt_params, batch = CONFIGS[a.config]
     mx.random.seed(0)

@@ -177,7 +177,7 @@ def _train(model, opt, steps: int, set_to_none: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["adam", "sgd-momentum", "sgd"])
 def test_memory_watch_static_tensors(kind):
-    from dpro.profiler.torch_memory import MemoryWatch
+    from dpro.profiler.pytorch.memory import MemoryWatch
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hvd_util import horovod_skip_reason, horovodrun
 
+from dpro.contracts.recording import TIMELINE_NAME
 from dpro.gtrace.io import load_gtrace
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.replayer.replay import replay
 
 pytest.importorskip("torch")

@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from dpro.profiler.mxnet_backend import _with_header  # noqa: E402
+from dpro.profiler.mxnet.backend import _with_header  # noqa: E402
 from dpro.importers.mxnet.convert import collect_mxnet  # noqa: E402
 from dpro.replayer.overhead import measured_overhead  # noqa: E402
 from dpro.replayer.replay import replay  # noqa: E402

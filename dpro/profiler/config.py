@@ -11,6 +11,7 @@ from dpro.contracts.recording import (
     ENV_AFTER_STEPS,
     ENV_DISABLE,
     ENV_HOST,
+    ENV_MEASURE_COMPILE,
     ENV_STEPS,
     ENV_TRACE_DIR,
     ENV_WARMUP,
@@ -51,3 +52,10 @@ class RecordConfig:
             enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes"),
             after=max(0, int(env.get(ENV_AFTER_STEPS, DEFAULT_AFTER))),
         )
+
+
+def measure_compile_enabled() -> bool:
+    """Whether the job asked the ranks to time their blocks compiled after the window
+    (``dpro profile --measure-compile``: :mod:`dpro.profiler.pytorch.compile_probe`,
+    :mod:`dpro.profiler.tensorflow.compile_probe`)."""
+    return os.environ.get(ENV_MEASURE_COMPILE, "") in ("1", "true", "yes")

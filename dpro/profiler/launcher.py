@@ -129,8 +129,8 @@ def profile_job(
     """Run ``args`` with recording on, then write the gTrace to ``out`` (raw traces in out/raw).
 
     ``measure_compile``: the ranks also time their blocks compiled after the window
-    (:mod:`dpro.profiler.torch_compile_probe`, :mod:`dpro.profiler.tf_compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
-    keep operator bulking in the window (:mod:`dpro.profiler.mxnet_backend`)."""
+    (:mod:`dpro.profiler.pytorch.compile_probe`, :mod:`dpro.profiler.tensorflow.compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
+    keep operator bulking in the window (:mod:`dpro.profiler.mxnet.backend`)."""
     cmd = command_line(args)
     check_output_dir(out, force)
     out.resolve().parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ The recorder counts calls of the decorated step function; calls ``warmup`` to
 ``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
 output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
 a call costs one counter increment and a comparison (and in Horovod jobs a clock read:
-keeping Horovod's timeline writer parked, dpro.profiler.horovod_writer). The ``after``
+keeping Horovod's timeline writer parked, dpro.profiler.horovod.writer). The ``after``
 calls that follow the window are timed too (two clock reads each) and their wall times
 added to the rank's ``meta.json`` (``step_wall_after_us``): the job's settled pace without
 the profiler, which `dpro replay` uses to take the profiler's overhead out of its
@@ -51,15 +51,15 @@ class Backend(Protocol):
 def _backend_for(model: Any, config: RecordConfig) -> Backend:
     mod = type(model).__module__
     if mod.startswith("torch") or any(c.__module__.startswith("torch.nn") for c in type(model).__mro__):
-        from dpro.profiler.torch_backend import TorchBackend
+        from dpro.profiler.pytorch.backend import TorchBackend
 
         return TorchBackend(model, config)
     if mod.startswith(("keras", "tensorflow", "tf_keras")):
-        from dpro.profiler.tf_backend import TFBackend
+        from dpro.profiler.tensorflow.backend import TFBackend
 
         return TFBackend(model, config)
     if mod.startswith("mxnet"):
-        from dpro.profiler.mxnet_backend import MXNetBackend
+        from dpro.profiler.mxnet.backend import MXNetBackend
 
         return MXNetBackend(model, config)
     raise TypeError(f"dpro.Recorder: unsupported model type {type(model).__module__}.{type(model).__name__}")

@@ -1,6 +1,6 @@
 """Turn an MXNet parameter-server recording into a gTrace (scheme ``ps``, library ``ps-lite``).
 
-Inputs in the recording directory (written by :mod:`dpro.profiler.mxnet_backend`):
+Inputs in the recording directory (written by :mod:`dpro.profiler.mxnet`):
 ``rank<r>.json.gz`` (the worker's ``mx.profiler`` Chrome trace), ``rank<r>.meta.json``
 (steps, kvstore keys, hybridized symbol) and ``server<i>.kv.json`` (each server's
 per-key update times).
@@ -110,7 +110,7 @@ def collect_mxnet(raw: Path, *, progress: bool | None = None) -> GTrace:
     servers_f = sorted(raw.glob(SERVER_GLOB))
     if not servers_f:
         raise DproInputError(raw, f"no server timing ({SERVER_GLOB}): were the servers started with "
-                                  "dpro.profiler.mxnet_backend.run_ps_node, and is the update on the kvstore?")
+                                  "dpro.profiler.mxnet.server.run_ps_node, and is the update on the kvstore?")
     with progress_bar(len(metas) + len(servers_f), "reading MXNet traces", enabled=progress) as tick:
         workers = []
         for m in metas:

@@ -2,7 +2,7 @@
 (dpro/replayer/memory.py).
 
 The instrument is MXNet's own storage counter: with ``mx.profiler.set_config(profile_memory=True)``
-(:mod:`dpro.profiler.mxnet_backend`) every ``Storage::Alloc`` / ``Storage::Free`` on the CPU
+(:mod:`dpro.profiler.mxnet.backend`) every ``Storage::Alloc`` / ``Storage::Free`` on the CPU
 (NDArray chunks: activations, gradients, workspaces, the batch) moves a counter
 ``Memory: cpu/0`` (domain ``Device Storage``) by the handle's size and the profiler writes
 its new value as a Chrome counter event (``"ph": "C"``) at that instant. The counter counts
@@ -15,7 +15,7 @@ seen since the profiler started*: exact deltas, unknown offset.
 :mod:`dpro.importers.recording.allocations`) and the ``carry_in`` (the counter's level at
 the step's start above the lowest level of the analysed steps, i.e. assuming that at the
 iteration's emptiest instant only the static arrays are live), beside the static facts the
-recorder wrote (:mod:`dpro.profiler.mxnet_memory`).
+recorder wrote (:mod:`dpro.profiler.mxnet.memory`).
 
 An allocation or free belongs to the op on the compute thread running at its time (MXNet
 allocates an op's outputs and workspace on the engine thread when it executes; a freed

@@ -1,6 +1,6 @@
 """An MXNet parameter-server recording as read: each worker's ``rank<r>.json.gz`` +
 ``rank<r>.meta.json`` (:class:`WorkerRaw`) and each server's ``server<i>.kv.json``
-(:class:`ServerRaw`), written by :mod:`dpro.profiler.mxnet_backend`; every field checked."""
+(:class:`ServerRaw`), written by :mod:`dpro.profiler.mxnet`; every field checked."""
 
 from __future__ import annotations
 

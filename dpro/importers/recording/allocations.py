@@ -2,10 +2,10 @@
 (dpro/replayer/memory.py).
 
 torch.profiler records every CPU allocation and free of the window (``profile_memory=True``,
-:mod:`dpro.profiler.torch_backend`); :func:`attach_allocations` reads them from the rank's
+:mod:`dpro.profiler.pytorch.backend`); :func:`attach_allocations` reads them from the rank's
 trace and attributes each block to the DFG op that allocated it and the op that freed it
 (``nt.meta["memory"]``, beside the static facts the recorder wrote,
-:mod:`dpro.profiler.torch_memory`).
+:mod:`dpro.profiler.pytorch.memory`).
 """
 
 from __future__ import annotations

@@ -56,11 +56,10 @@ from dpro.contracts.recording import (
     rank_xplane_name,
 )
 from dpro.jsonio import write_json
-from dpro.profiler.config import RecordConfig
-from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
-from dpro.profiler.horovod_writer import idle_timeline_writer
-from dpro.profiler.tf_compile_probe import XlaProbe
-from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled
+from dpro.profiler.config import RecordConfig, measure_compile_enabled
+from dpro.profiler.horovod.runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod.writer import idle_timeline_writer
+from dpro.profiler.tensorflow.compile_probe import XlaProbe
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +139,12 @@ class TFBackend:
         self.active = False
         self._hvd: Any = None
         self.writer = idle_timeline_writer("horovod.tensorflow")
-        self.xla_probe = XlaProbe(model) if compile_probe_enabled() else None
+        self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
             self.xla_probe.start()
 
     def keep_parked(self) -> None:
-        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
+        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
         if self.writer is not None:
             self.writer.keep_parked()
 
@@ -156,7 +155,7 @@ class TFBackend:
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                              device_tracer_level=1)
         if self.writer is not None:
-            self.writer.wake()  # parked outside the window (dpro.profiler.horovod_writer)
+            self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
         self._hvd = start_dynamic_timeline("horovod.tensorflow", self.config.out_dir)
         self.tf.profiler.experimental.start(self.logdir, options=opts)
         self.active = True

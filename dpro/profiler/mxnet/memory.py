@@ -1,7 +1,7 @@
 """What the MXNet recorder keeps, in the rank process, for memory estimation (dpro/replayer/memory.py).
 
 :class:`TrainerWatch` (started and stopped with the profiling window by
-:mod:`dpro.profiler.mxnet_backend`) notes the ``gluon.Trainer`` objects that step during
+:mod:`dpro.profiler.mxnet.backend`) notes the ``gluon.Trainer`` objects that step during
 the window; :func:`static_facts` then reads the arrays that live across iterations —
 parameters, gradients, parameters without gradient (BatchNorm's running statistics:
 ``buffers``), and the optimizer state held on the worker (none with the update on the

@@ -36,12 +36,11 @@ from dpro.contracts.recording import (
     rank_trace_name,
 )
 from dpro.jsonio import write_json
-from dpro.profiler.config import RecordConfig
-from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
-from dpro.profiler.horovod_writer import idle_timeline_writer
-from dpro.profiler.torch_compile_probe import CompileProbe
-from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled
-from dpro.profiler.torch_memory import MemoryWatch
+from dpro.profiler.config import RecordConfig, measure_compile_enabled
+from dpro.profiler.horovod.runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod.writer import idle_timeline_writer
+from dpro.profiler.pytorch.compile_probe import CompileProbe
+from dpro.profiler.pytorch.memory import MemoryWatch
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class TorchBackend:
         self.steps: list[int] = []
         self._hvd: Any = None
         self.memory = MemoryWatch(model)
-        self.compile_probe = CompileProbe(self.inner) if compile_probe_enabled() else None
+        self.compile_probe = CompileProbe(self.inner) if measure_compile_enabled() else None
         if self.compile_probe is not None:
             self.compile_probe.start()  # before the window: its input copies are not profiled
         self._install_comm_hook()
@@ -154,7 +153,7 @@ class TorchBackend:
         self.hooks.clear()
 
     def keep_parked(self) -> None:
-        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
+        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
         if self.writer is not None:
             self.writer.keep_parked()
 
@@ -169,7 +168,7 @@ class TorchBackend:
         if self.writer is None:  # the Recorder was made before hvd.init()
             self.writer = idle_timeline_writer("horovod.torch")
         if self.writer is not None:
-            self.writer.wake()  # parked outside the window (dpro.profiler.horovod_writer)
+            self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
         self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
         self.memory.start()
         self.prof = profile(activities=acts, record_shapes=True, profile_memory=True)

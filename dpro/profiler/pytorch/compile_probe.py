@@ -23,16 +23,12 @@ import statistics
 import time
 from typing import Any
 
-from dpro.contracts.recording import ENV_COMPILE_BUDGET_S, ENV_MEASURE_COMPILE
+from dpro.contracts.recording import ENV_COMPILE_BUDGET_S
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 600.0
 REPEATS = 7
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_MEASURE_COMPILE, "") in ("1", "true", "yes")
 
 
 class CompileProbe:

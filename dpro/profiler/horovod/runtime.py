@@ -1,6 +1,6 @@
 """Horovod inside a recorded job: the timeline `dpro profile` asks for (dynamic, so that only
 the profiling window is written) and the fusion settings the job runs with. The recorders
-(:mod:`dpro.profiler.torch_backend`, :mod:`dpro.profiler.tf_backend`) call these;
+(:mod:`dpro.profiler.pytorch.backend`, :mod:`dpro.profiler.tensorflow.backend`) call these;
 :mod:`dpro.importers.horovod.atoms` reads what they left."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the PyTorch recorder keeps, in the rank process, for memory estimation (dpro/replayer/memory.py).
 
 :class:`MemoryWatch` (started and stopped with the profiling window by
-:mod:`dpro.profiler.torch_backend`) finds the job's optimizers and the tensors that live
+:mod:`dpro.profiler.pytorch.backend`) finds the job's optimizers and the tensors that live
 across iterations — parameters, gradients, optimizer state, module buffers — and writes
 them to ``rank<r>.meta.json`` under ``"memory"`` (:meth:`MemoryWatch.facts`). The
 allocations of the window are attributed to ops offline
