@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpro.errors import DproInputError
-from dpro.gtrace.io import write_gtrace
 from dpro.contracts.recording import (
     ENV_HOROVOD_TIMELINE,
     ENV_MEASURE_COMPILE,
@@ -29,6 +27,8 @@ from dpro.contracts.recording import (
     RAW_DIR,
     TIMELINE_NAME,
 )
+from dpro.errors import DproInputError
+from dpro.gtrace.io import write_gtrace
 from dpro.importers.recording import collect, rank_files
 
 log = logging.getLogger(__name__)

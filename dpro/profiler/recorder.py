@@ -95,7 +95,7 @@ class Recorder:
                 log.error("dpro: recording disabled: %s: %s", type(e).__name__, e)
         if self._backend is None:
             self.done = True
-        #: called before every step: keeps Horovod's timeline writer parked (horovod_writer)
+        #: called before every step: keeps Horovod's timeline writer parked (horovod.writer)
         self._tick: Callable[[], None] | None = getattr(self._backend, "keep_parked", None)
         atexit.register(self._at_exit)
 

@@ -65,8 +65,8 @@ from dpro.contracts.recording import RANK_META_GLOB, RAW_DIR, TIMELINE_NAME, Met
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, NodeTrace, Op
 from dpro.gtrace.validate import find_cycle
-from dpro.jsonio import read_bytes, read_json
 from dpro.importers.horovod.timeline import FusionGroup, HorovodTimeline, load_horovod_timeline
+from dpro.jsonio import read_bytes, read_json
 
 log = logging.getLogger(__name__)
 

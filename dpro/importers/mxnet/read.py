@@ -11,8 +11,8 @@ from typing import Any
 
 from dpro.contracts.recording import MetaKey, ServerKey, rank_trace_name
 from dpro.errors import DproInputError
-from dpro.jsonio import read_json
 from dpro.importers.mxnet.memory import COUNTER_CAT
+from dpro.jsonio import read_json
 
 IGNORED = {"DeleteVariable"}  # engine bookkeeping (a variable freed), ~1 µs, no dependency
 

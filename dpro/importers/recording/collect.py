@@ -22,10 +22,10 @@ from dpro.contracts.recording import (
 )
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
-from dpro.importers.kineto import import_kineto
-from dpro.jsonio import read_json
 from dpro.importers.horovod.atoms import apply_horovod_timeline
+from dpro.importers.kineto import import_kineto
 from dpro.importers.recording.allocations import attach_allocations
+from dpro.jsonio import read_json
 
 log = logging.getLogger(__name__)
 

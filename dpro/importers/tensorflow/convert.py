@@ -58,7 +58,6 @@ from dpro.contracts.recording import RANK_META_GLOB, RANK_TRACE_GLOB, TIMELINE_N
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
 from dpro.gtrace.validate import find_cycle
-from dpro.jsonio import read_json
 from dpro.importers.tensorflow.horovod import apply_horovod
 from dpro.importers.tensorflow.read import (
     ALLREDUCES,
@@ -68,6 +67,7 @@ from dpro.importers.tensorflow.read import (
     RankRecording,
     read_rank,
 )
+from dpro.jsonio import read_json
 from dpro.progress import progress_bar
 
 log = logging.getLogger(__name__)

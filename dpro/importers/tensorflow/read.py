@@ -13,7 +13,7 @@ from dpro.contracts.recording import TF_EVENT_DONE, TF_EVENT_OP, TF_EVENT_START,
 from dpro.errors import DproInputError
 from dpro.jsonio import read_json
 
-#: names shared by the DFG (tf_collect) and the Horovod part (tf_horovod)
+#: names shared by the DFG (convert.py) and the Horovod part (horovod.py)
 STEP_END_ID = "STEP_END@cpu:main"
 BW_SCOPES = ("gradient_tape/", "gradients/")
 HOROVOD_ALLREDUCE = "HorovodAllreduce"

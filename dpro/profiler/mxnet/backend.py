@@ -93,7 +93,7 @@ class MXNetBackend:
     def _count_memory(self) -> None:
         """Start MXNet's storage counter now (profiler on, memory only), before the first
         forward: the warm-up's lasting allocations (deferred parameters, the engine's
-        temporary workspace, kvstore buffers) are then counted too (mxnet_memory)."""
+        temporary workspace, kvstore buffers) are then counted too (:mod:`dpro.importers.mxnet.memory`)."""
         mx = self.mx
         try:
             self._pre_static = int(static_facts(self.model, [])["static_bytes"])
