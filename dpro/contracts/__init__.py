@@ -1,5 +1,1 @@
-"""Contracts between the parts of dpro that write a file or an environment and the parts that
-read it: names, suffixes and keys, defined once and imported by both sides.
-
-Modules here import nothing from dpro above :mod:`dpro.errors` and :mod:`dpro.jsonio`.
-"""
+"""Contracts: names that two sides of dpro must agree on (files, keys, environment variables)."""
