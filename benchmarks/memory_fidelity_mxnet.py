@@ -9,7 +9,7 @@ Each config is a Gluon model trained with ``dist_sync`` over ps-lite (scheduler,
 1. under ``dpro profile`` (the two-line recorder): ``dpro replay``'s schedule and
    :func:`dpro.replayer.memory.peak_memory` give the **predicted** peak per worker
    (static arrays read from the Gluon parameters and trainer, per-op changes from the
-   storage counter of that run, see ``dpro/profiler/mxnet_memory.py``);
+   storage counter of that run, see ``dpro/importers/mxnet/memory.py``);
 2. without dpro, with ``mx.profiler`` recording *only* the storage counter
    (``profile_memory=True``, operators off), started right after the kvstore is created
    and before the model is built, so the counter holds every CPU storage byte MXNet
@@ -89,7 +89,7 @@ def worker(a: argparse.Namespace) -> None:
     from mxnet import autograd, gluon
     from train_ps import build, make_batch
 
-    from dpro.profiler.mxnet_memory import static_facts
+    from dpro.profiler.mxnet.memory import static_facts
 
     model, opt, opt_params, batch = CONFIGS[a.config]
     mx.random.seed(0)

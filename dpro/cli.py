@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from dpro.cli_imports import register_import_commands
 from dpro.errors import DproInputError
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
 from dpro.jsonio import print_json
@@ -200,7 +201,7 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
     import tempfile
 
     from dpro.gtrace.io import write_gtrace
-    from dpro.profiler.collect import collect as collect_raw, merge_dirs
+    from dpro.importers.recording import collect as collect_raw, merge_dirs
 
     with tempfile.TemporaryDirectory(prefix="dpro-merge-") as tmp:
         merge_dirs(list(dirs), Path(tmp))
@@ -346,30 +347,7 @@ def import_() -> None:
     """Convert traces from other tools into a gTrace directory."""
 
 
-@import_.command(name="kineto")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="gTrace directory to write.")
-@click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
-@_rank_opt
-def import_kineto_cmd(path: Path, output: Path, force: bool, rank_pattern: str) -> None:
-    """Convert torch.profiler (Kineto) traces in PATH, one file per rank, to gTrace."""
-    from dpro.gtrace.io import write_gtrace
-    from dpro.importers.kineto import import_kineto
-
-    gt = import_kineto(path, rank_pattern)
-    write_gtrace(gt, output, force=force)
-    click.echo(f"wrote {output} ({len(gt.nodes)} nodes)")
-
-
-def _add_plugin_commands() -> None:
-    from dpro.importers.byteps import add_byteps_command
-    from dpro.importers.pslite import add_pslite_command
-
-    add_byteps_command(import_)
-    add_pslite_command(import_)
-
-
-_add_plugin_commands()
+register_import_commands(import_)
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ LAYERS: list[list[str]] = [
     ["dpro.optimizer"],
     ["dpro.job", "dpro.passes"],
     ["dpro.report"],
-    ["dpro.cli", "dpro.cli_imports"],
+    ["dpro.cli_imports"],
+    ["dpro.cli"],
 ]
 #: ``dpro/__init__.py``: the lazy facade (dpro.open, dpro.Recorder) names the layers above it
 FACADE = "dpro"

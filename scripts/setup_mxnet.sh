@@ -21,7 +21,7 @@ check() {
 import mxnet, dpro, cvxpy, numpy
 assert mxnet.__version__ == "$MXNET_VERSION", mxnet.__version__
 assert mxnet.runtime.Features().is_enabled("DIST_KVSTORE")
-import dpro.profiler.mxnet_backend
+import dpro.profiler.mxnet.backend
 PYEOF
 }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-from dpro.profiler.horovod_writer import idle_timeline_writer, thread_state
+from dpro.profiler.horovod.writer import idle_timeline_writer, thread_state
 
 
 def cpu_s(tid: int) -> float:

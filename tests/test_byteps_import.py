@@ -17,10 +17,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from dpro.cli_imports import register_import_commands
 from dpro.errors import DproInputError
 from dpro.gtrace.io import load_gtrace, write_gtrace
 from dpro.gtrace.validate import validate
-from dpro.importers.byteps import add_byteps_command, import_byteps
+from dpro.importers.byteps import import_byteps
 from dpro.replayer.replay import replay
 
 _spec = importlib.util.spec_from_file_location("make_traces", Path(__file__).parent / "data" / "byteps" / "make_traces.py")
@@ -124,7 +125,7 @@ def test_cli_hook(job, tmp_path, run_cli):
     def imp() -> None:
         pass
 
-    add_byteps_command(imp)
+    register_import_commands(imp)
     out = tmp_path / "g"
     r = CliRunner().invoke(imp, ["byteps", str(d), "-o", str(out), "--start-step", "3"], catch_exceptions=False)
     assert r.exit_code == 0, r.output

@@ -18,7 +18,7 @@ import pytest
 from hvd_util import horovod_skip_reason, horovodrun
 
 from dpro.errors import DproInputError
-from dpro.profiler.horovod_timeline import (
+from dpro.importers.horovod.timeline import (
     HorovodTimeline,
     TensorOp,
     load_horovod_timeline,

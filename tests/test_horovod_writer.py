@@ -1,12 +1,12 @@
 """Finding Horovod's timeline writer thread by the bytes each thread wrote
-(dpro/profiler/horovod_writer.py); the real job is in tests/test_tf_horovod.py."""
+(dpro/profiler/horovod/writer.py); the real job is in tests/test_tf_horovod.py."""
 
 from __future__ import annotations
 
 import os
 import threading
 
-from dpro.profiler.horovod_writer import SLACK_BYTES, thread_wchar, writer_candidates, writer_thread
+from dpro.profiler.horovod.writer import SLACK_BYTES, thread_wchar, writer_candidates, writer_thread
 
 
 def test_writer_is_the_thread_that_wrote_the_file():

@@ -22,7 +22,7 @@ RECORDED = REPO / "tests" / "data" / "golden" / "recordings" / "ddp_mlp" / "raw"
 def recorded(tmp_path_factory) -> Path:
     """The real DDP recording (dpro's recorder, with its measured overhead) as a gTrace."""
     from dpro.gtrace.io import write_gtrace
-    from dpro.profiler.collect import collect
+    from dpro.importers.recording import collect
 
     out = tmp_path_factory.mktemp("job") / "ddp"
     return write_gtrace(collect(RECORDED), out)

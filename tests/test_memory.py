@@ -12,7 +12,7 @@ import pytest
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-from dpro.profiler.torch_memory import attach_allocations
+from dpro.importers.recording.allocations import attach_allocations
 from dpro.replayer.memory import OpMemory, live_timeline, peak_memory
 
 REPO = Path(__file__).absolute().parents[1]
@@ -177,7 +177,7 @@ def _train(model, opt, steps: int, set_to_none: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["adam", "sgd-momentum", "sgd"])
 def test_memory_watch_static_tensors(kind):
-    from dpro.profiler.torch_memory import MemoryWatch
+    from dpro.profiler.pytorch.memory import MemoryWatch
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))

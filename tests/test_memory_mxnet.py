@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
-from dpro.profiler.mxnet_memory import _split_temporaries, attach_counter, counter_deltas
+from dpro.importers.mxnet.memory import _split_temporaries, attach_counter, counter_deltas
 from dpro.replayer.memory import peak_memory
 
 REPO = Path(__file__).absolute().parents[1]

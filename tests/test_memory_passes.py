@@ -303,7 +303,7 @@ def test_compile_facts_take_the_median_over_ranks():
 
 def test_compile_probe_measures_blocks_without_touching_training_state():
     torch = pytest.importorskip("torch")
-    from dpro.profiler.torch_compile_probe import CompileProbe
+    from dpro.profiler.pytorch.compile_probe import CompileProbe
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1)),

@@ -18,8 +18,8 @@ import pytest
 from dpro.errors import DproInputError
 from dpro.gtrace.io import load_gtrace
 from dpro.gtrace.validate import validate
-from dpro.profiler.mxnet_collect import _match, collect_mxnet
-from dpro.profiler.mxnet_record import Interval
+from dpro.importers.mxnet.convert import _match, collect_mxnet
+from dpro.importers.mxnet.read import Interval
 from dpro.replayer.replay import replay
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """`dpro profile` + the two-line Recorder on a real 2-rank Horovod (gloo, CPU) job.
 
 The job runs examples/pytorch/hvd_recorder.py under ``horovodrun -np 2 --gloo``; its
-collectives come from rank 0's Horovod timeline (dpro/profiler/horovod.py). Skipped when
+collectives come from rank 0's Horovod timeline (dpro/importers/horovod/atoms.py). Skipped when
 ``horovod.torch`` is not importable (build it with ``scripts/install_horovod.sh``).
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hvd_util import horovod_skip_reason, horovodrun
 
+from dpro.contracts.recording import TIMELINE_NAME
 from dpro.gtrace.io import load_gtrace
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
 from dpro.replayer.replay import replay
 
 pytest.importorskip("torch")
@@ -129,8 +129,8 @@ def _timeline(groups: list[tuple[float, float, list[str]]]) -> bytes:
 def test_atoms_are_the_groups_never_split():
     from types import SimpleNamespace
 
-    from dpro.profiler.horovod import plan_atoms
-    from dpro.profiler.horovod_timeline import parse_horovod_timeline
+    from dpro.importers.horovod.atoms import plan_atoms
+    from dpro.importers.horovod.timeline import parse_horovod_timeline
 
     # step 1 fuses {a, b} then {c, d}; step 2 fuses {a, b, c} then {d}; step 3 is incomplete
     tl = parse_horovod_timeline(_timeline([
@@ -168,7 +168,7 @@ def test_launcher_finds_the_users_timeline(tmp_path):
 
 
 def test_link_envelope_is_the_uncontended_cost():
-    from dpro.profiler.horovod import link_envelope
+    from dpro.importers.horovod.atoms import link_envelope
 
     # 2 ranks: a fused execution of m atoms and B bytes costs 2 * (m * alpha + beta * B / 2)
     samples = [(1, 1000, 10.0), (1, 1000, 30.0), (2, 3000, 25.0)]

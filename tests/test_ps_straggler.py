@@ -28,8 +28,8 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from dpro.profiler.mxnet_backend import _with_header  # noqa: E402
-from dpro.profiler.mxnet_collect import collect_mxnet  # noqa: E402
+from dpro.profiler.mxnet.backend import _with_header  # noqa: E402
+from dpro.importers.mxnet.convert import collect_mxnet  # noqa: E402
 from dpro.graph.overhead import measured_overhead  # noqa: E402
 from dpro.replayer.replay import replay  # noqa: E402
 
@@ -107,8 +107,8 @@ def test_profiler_dump_without_header_is_repaired() -> None:
 
 
 def test_floating_op_is_taken_off_the_chain() -> None:
-    from dpro.profiler.mxnet_collect import _floating_ops
-    from dpro.profiler.mxnet_record import Interval
+    from dpro.importers.mxnet.convert import _floating_ops
+    from dpro.importers.mxnet.read import Interval
 
     def seq(names: list[str]) -> list[Interval]:
         return [Interval(n, 10.0 * i, 10.0 * i + (1.0 if n == "SetValueOp" else 5.0), 1) for i, n in enumerate(names)]

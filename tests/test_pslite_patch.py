@@ -191,15 +191,17 @@ def test_tracing_off_writes_nothing(pslite_dir: Path, tmp_path: Path) -> None:
 
 
 def test_import_command(job: Path, tmp_path: Path) -> None:
-    """`dpro import pslite` (registered on a click group as dpro.cli does with plugins)."""
+    """`dpro import pslite` (registered on a click group as dpro.cli does)."""
     import click
     from click.testing import CliRunner
+
+    from dpro.cli_imports import register_import_commands
 
     @click.group()
     def grp() -> None:
         pass
 
-    P.add_pslite_command(grp)
+    register_import_commands(grp)
     r = CliRunner().invoke(grp, ["pslite", str(job), "-o", str(tmp_path / "gt"), "--framework", "mxnet"])
     assert r.exit_code == 0, r.output
     assert "4 nodes" in r.output and load_gtrace(tmp_path / "gt").manifest.framework == "mxnet"

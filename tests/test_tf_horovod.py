@@ -3,7 +3,7 @@
 The job (examples/tensorflow/hvd_recorder.py, 2 workers under ``horovodrun --gloo``) runs
 in the TensorFlow venv ``.venv-tf`` (``scripts/setup_tf.sh``); ``dpro profile`` and the
 import run here, in the test's interpreter, which needs no TensorFlow: the ranks convert
-their profile themselves (dpro/profiler/tf_backend.py). Skipped when ``.venv-tf`` is not
+their profile themselves (dpro/profiler/tensorflow/backend.py). Skipped when ``.venv-tf`` is not
 set up. About 30-60 s on the 2-core machine.
 """
 
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from dpro.contracts.recording import TIMELINE_NAME
 from dpro.errors import DproInputError
 from dpro.gtrace.io import load_gtrace
 from dpro.gtrace.validate import find_cycle
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
-from dpro.profiler.horovod_timeline import load_horovod_timeline
-from dpro.profiler.tf_collect import collect_tf
+from dpro.importers.horovod.timeline import load_horovod_timeline
+from dpro.importers.tensorflow.convert import collect_tf
 from dpro.replayer.replay import replay
 
 REPO = Path(__file__).resolve().parents[1]

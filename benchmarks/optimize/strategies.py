@@ -163,7 +163,7 @@ def main() -> None:
                      *torchrun(args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args)])
             else:  # what `dpro profile` does, with one process per namespace
                 from dpro.gtrace.io import write_gtrace
-                from dpro.profiler.collect import collect
+                from dpro.importers.recording.collect import collect
 
                 raw = tmp / "raw"
                 launch(net, args.port, args.nproc, "examples/pytorch/ddp_recorder.py", rec_args,

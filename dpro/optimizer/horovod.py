@@ -1,5 +1,5 @@
 """What a Horovod profile tells the optimizer (``meta.horovod``, written by
-:mod:`dpro.profiler.horovod`): the fused collectives of each profiled step, the rate their
+:mod:`dpro.importers.horovod.atoms`): the fused collectives of each profiled step, the rate their
 bytes moved at, the grouping one step ran, whether the job ran Horovod's default fusion,
 and each atom's excess (the wait beyond the ring cost)."""
 
@@ -49,7 +49,7 @@ def link_cost(nt: NodeTrace, world: int, steps: list[int], link: LinkCost) -> Li
     bandwidth that prices its fused collectives' whole spans (LAD: the byte-weighted median).
 
     The replay charges each collective the uncontended ring cost (``link``: the envelope no
-    collective undercuts) and its measured excess apart (dpro.profiler.horovod). A small
+    collective undercuts) and its measured excess apart (dpro.importers.horovod.atoms). A small
     collective that ran in a token bucket's burst sets that envelope too fast (TF convnet
     behind a 200 Mbit/s tbf cap: 37 MB/s, and the 2.1 MB collective 30 ms "excess"); a new
     grouping does not inherit the excess, so the optimizer needs the rate the bytes really
@@ -107,7 +107,7 @@ def ran_defaults(nt: NodeTrace) -> bool:
 
 def excess_by_atom(nt: NodeTrace, steps: list[int]) -> dict[str, float]:
     """Atom op id -> the median over steps of its fused group's excess (µs) (the importer
-    starts an atom's event that much after it could start: dpro.profiler.horovod)."""
+    starts an atom's event that much after it could start: dpro.importers.horovod.atoms)."""
     atoms = (nt.meta.get("horovod") or {}).get("atoms") or []
     op_of = {i: a.get("op") for i, a in enumerate(atoms) if isinstance(a, dict)}
     per: dict[str, list[float]] = defaultdict(list)

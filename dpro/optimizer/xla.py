@@ -7,7 +7,7 @@ the gradients with ``tf.function(jit_compile=True)`` (``compile.json``:
 fused op: every forward and backward op, and every op the recorded graph orders between
 two of them (the loss; reads of variables that the optimizer's ops are chained to). Its
 time (:func:`fused_us`) is the forward + backward under XLA as the recorder timed it
-(``dpro profile --measure-compile``: :mod:`dpro.profiler.tf_compile_probe`), plus the job's
+(``dpro profile --measure-compile``: :mod:`dpro.profiler.tensorflow.compile_probe`), plus the job's
 time in the region's other ops. The gradients all become ready when it ends, so the
 synchronisation no longer overlaps the backward pass, and Horovod fuses them in the
 wake-ups after it.

@@ -1,4 +1,8 @@
-"""Framework hooks that record a gTrace: the two-line API ``Recorder`` + ``profile``.
+"""What runs inside the training job: the two-line API ``Recorder`` + ``profile``
+(:mod:`.recorder`, configured by :mod:`.config`), one backend folder per framework
+(:mod:`.pytorch`, :mod:`.tensorflow`, :mod:`.mxnet`) plus :mod:`.horovod`, and `dpro profile`
+(:mod:`.launcher`), which runs the job and collects what it recorded with
+:mod:`dpro.importers.recording`.
 
 Nothing is imported from a framework until a Recorder is built.
 """

@@ -7,16 +7,19 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_OUT = "DPRO_TRACE_DIR"
-ENV_WARMUP = "DPRO_WARMUP"
-ENV_STEPS = "DPRO_STEPS"
-ENV_HOST = "DPRO_HOST"
-ENV_DISABLE = "DPRO_DISABLE"
-ENV_AFTER = "DPRO_AFTER_STEPS"
+from dpro.contracts.recording import (
+    ENV_AFTER_STEPS,
+    ENV_DISABLE,
+    ENV_HOST,
+    ENV_MEASURE_COMPILE,
+    ENV_STEPS,
+    ENV_TRACE_DIR,
+    ENV_WARMUP,
+)
 
 DEFAULT_WARMUP = 5
 DEFAULT_STEPS = 5
-#: calls timed after the window: the settled unprofiled pace (dpro.replayer.overhead)
+#: calls timed after the window: the settled unprofiled pace (dpro.graph.overhead)
 DEFAULT_AFTER = 20
 DEFAULT_OUT = "dpro_traces"
 
@@ -40,12 +43,19 @@ class RecordConfig:
         n = steps if steps is not None else int(env.get(ENV_STEPS, DEFAULT_STEPS))
         if w < 0 or n < 1:
             raise ValueError(f"dpro: need warmup >= 0 and steps >= 1 (got warmup={w}, steps={n})")
-        out = Path(out_dir if out_dir is not None else env.get(ENV_OUT, DEFAULT_OUT))
+        out = Path(out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT))
         return cls(
             out_dir=out,
             warmup=w,
             steps=n,
             host=env.get(ENV_HOST) or socket.gethostname(),
             enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes"),
-            after=max(0, int(env.get(ENV_AFTER, DEFAULT_AFTER))),
+            after=max(0, int(env.get(ENV_AFTER_STEPS, DEFAULT_AFTER))),
         )
+
+
+def measure_compile_enabled() -> bool:
+    """Whether the job asked the ranks to time their blocks compiled after the window
+    (``dpro profile --measure-compile``: :mod:`dpro.profiler.pytorch.compile_probe`,
+    :mod:`dpro.profiler.tensorflow.compile_probe`)."""
+    return os.environ.get(ENV_MEASURE_COMPILE, "") in ("1", "true", "yes")

@@ -13,16 +13,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpro.contracts.recording import (
+    ENV_HOROVOD_TIMELINE,
+    ENV_MEASURE_COMPILE,
+    ENV_MXNET_KEEP_BULKING,
+    ENV_NCCL_PLUGIN,
+    ENV_NCCL_TRACE_DIR,
+    ENV_STEPS,
+    ENV_TRACE_DIR,
+    ENV_WARMUP,
+    HOROVOD_TIMELINE_DYNAMIC,
+    NCCL_DIR,
+    RAW_DIR,
+    TIMELINE_NAME,
+)
 from dpro.errors import DproInputError
 from dpro.gtrace.io import write_gtrace
-from dpro.profiler.collect import collect, rank_files
-from dpro.profiler.config import ENV_OUT, ENV_STEPS, ENV_WARMUP
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
-
-#: Horovod writes its timeline (rank 0 only) where this says; harmless for other jobs.
-#: dpro sets it to DYNAMIC: the recorder starts the timeline for the profiling window only.
-ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
-HOROVOD_DYNAMIC = "DYNAMIC"
+from dpro.importers.recording import collect, rank_files
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +70,7 @@ def user_timeline(cmd: list[str], env: dict[str, str]) -> Path | None:
         if a.startswith("--timeline-filename="):
             return Path(a.split("=", 1)[1])
     v = env.get(ENV_HOROVOD_TIMELINE, "")
-    return Path(v) if v and v.upper() != "DYNAMIC" else None
+    return Path(v) if v and v.upper() != HOROVOD_TIMELINE_DYNAMIC else None
 
 
 def keep_timeline(src: Path | None, raw: Path, since: float) -> None:
@@ -93,13 +100,12 @@ def run_job(cmd: list[str], env: dict[str, str]) -> int:
 
 
 NCCL_PLUGIN_NAME = "libnccl-profiler-dpro.so"
-NCCL_DIR = "nccl"
 
 
 def nccl_plugin_library() -> Path | None:
     """dpro's NCCL profiler plugin (``DPRO_NCCL_PLUGIN``, else built in native/nccl_patch)."""
-    if os.environ.get("DPRO_NCCL_PLUGIN"):
-        return Path(os.environ["DPRO_NCCL_PLUGIN"])
+    if os.environ.get(ENV_NCCL_PLUGIN):
+        return Path(os.environ[ENV_NCCL_PLUGIN])
     built = Path(__file__).resolve().parents[2] / "native" / "nccl_patch" / "build" / NCCL_PLUGIN_NAME
     return built if built.is_file() else None
 
@@ -113,7 +119,7 @@ def nccl_plugin_env(env: dict[str, str], raw: Path) -> None:
     if lib is None or env.get("NCCL_PROFILER_PLUGIN"):
         return
     env["NCCL_PROFILER_PLUGIN"] = str(lib)
-    env.setdefault("DPRO_NCCL_TRACE_DIR", str(raw.resolve() / NCCL_DIR))
+    env.setdefault(ENV_NCCL_TRACE_DIR, str(raw.resolve() / NCCL_DIR))
 
 
 def profile_job(
@@ -123,22 +129,22 @@ def profile_job(
     """Run ``args`` with recording on, then write the gTrace to ``out`` (raw traces in out/raw).
 
     ``measure_compile``: the ranks also time their blocks compiled after the window
-    (:mod:`dpro.profiler.torch_compile_probe`, :mod:`dpro.profiler.tf_compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
-    keep operator bulking in the window (:mod:`dpro.profiler.mxnet_backend`)."""
+    (:mod:`dpro.profiler.pytorch.compile_probe`, :mod:`dpro.profiler.tensorflow.compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
+    keep operator bulking in the window (:mod:`dpro.profiler.mxnet.backend`)."""
     cmd = command_line(args)
     check_output_dir(out, force)
     out.resolve().parent.mkdir(parents=True, exist_ok=True)
     raw = Path(tempfile.mkdtemp(dir=out.resolve().parent, prefix=f".{out.name}.raw-"))
     env = dict(os.environ)
-    env.update({ENV_OUT: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
+    env.update({ENV_TRACE_DIR: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
     if measure_compile:
-        env["DPRO_MEASURE_COMPILE"] = "1"
+        env[ENV_MEASURE_COMPILE] = "1"
     if mxnet_keep_bulking:
-        env["DPRO_MXNET_KEEP_BULKING"] = "1"
+        env[ENV_MXNET_KEEP_BULKING] = "1"
     nccl_plugin_env(env, raw)
     theirs = user_timeline(cmd, env)
     if theirs is None and not env.get(ENV_HOROVOD_TIMELINE):
-        env[ENV_HOROVOD_TIMELINE] = HOROVOD_DYNAMIC
+        env[ENV_HOROVOD_TIMELINE] = HOROVOD_TIMELINE_DYNAMIC
     try:
         started = time.time()
         rc = run_job(cmd, env)
@@ -151,7 +157,7 @@ def profile_job(
             return ProfileOutcome(rc or 2, 0, None, msg)
         gt = collect(raw, progress=progress)
         write_gtrace(gt, out, force=force)
-        shutil.move(str(raw), out / "raw")
+        shutil.move(str(raw), out / RAW_DIR)
         msg = f"recorded {n} rank(s), steps {gt.manifest.steps}: wrote {out}"
         if rc:
             msg += f" (the job exited with code {rc}: the trace holds what was recorded before)"

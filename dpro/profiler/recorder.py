@@ -10,14 +10,14 @@ The recorder counts calls of the decorated step function; calls ``warmup`` to
 ``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
 output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
 a call costs one counter increment and a comparison (and in Horovod jobs a clock read:
-keeping Horovod's timeline writer parked, dpro.profiler.horovod_writer). The ``after``
+keeping Horovod's timeline writer parked, dpro.profiler.horovod.writer). The ``after``
 calls that follow the window are timed too (two clock reads each) and their wall times
 added to the rank's ``meta.json`` (``step_wall_after_us``): the job's settled pace without
 the profiler, which `dpro replay` uses to take the profiler's overhead out of its
 prediction. Over the same calls the process's and the training thread's CPU time are
 added (``cpu_after_us``; two more clock reads each): what the other threads — the
 communication library's — cost, for the optimizer's CPU-contention model
-(dpro.optimizer.contention).
+(dpro.replayer.cpu_contention).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from dpro.contracts.recording import MetaKey
 from dpro.jsonio import read_json, write_json
 from dpro.profiler.config import RecordConfig
 
@@ -50,15 +51,15 @@ class Backend(Protocol):
 def _backend_for(model: Any, config: RecordConfig) -> Backend:
     mod = type(model).__module__
     if mod.startswith("torch") or any(c.__module__.startswith("torch.nn") for c in type(model).__mro__):
-        from dpro.profiler.torch_backend import TorchBackend
+        from dpro.profiler.pytorch.backend import TorchBackend
 
         return TorchBackend(model, config)
     if mod.startswith(("keras", "tensorflow", "tf_keras")):
-        from dpro.profiler.tf_backend import TFBackend
+        from dpro.profiler.tensorflow.backend import TFBackend
 
         return TFBackend(model, config)
     if mod.startswith("mxnet"):
-        from dpro.profiler.mxnet_backend import MXNetBackend
+        from dpro.profiler.mxnet.backend import MXNetBackend
 
         return MXNetBackend(model, config)
     raise TypeError(f"dpro.Recorder: unsupported model type {type(model).__module__}.{type(model).__name__}")
@@ -94,7 +95,7 @@ class Recorder:
                 log.error("dpro: recording disabled: %s: %s", type(e).__name__, e)
         if self._backend is None:
             self.done = True
-        #: called before every step: keeps Horovod's timeline writer parked (horovod_writer)
+        #: called before every step: keeps Horovod's timeline writer parked (horovod.writer)
         self._tick: Callable[[], None] | None = getattr(self._backend, "keep_parked", None)
         atexit.register(self._at_exit)
 
@@ -145,8 +146,8 @@ class Recorder:
             return
         try:
             meta = read_json(path)
-            meta["step_wall_after_us"] = walls
-            meta["cpu_after_us"] = {"process": self._cpu_after[0], "thread": self._cpu_after[1], "calls": len(walls)}
+            meta[MetaKey.STEP_WALL_AFTER_US] = walls
+            meta[MetaKey.CPU_AFTER_US] = {"process": self._cpu_after[0], "thread": self._cpu_after[1], "calls": len(walls)}
             write_json(path, meta)
         except Exception as e:  # noqa: BLE001 - never break the training job
             log.warning("dpro: could not add the steps after the window to %s: %s", path, e)

@@ -8,7 +8,7 @@ The live bytes of a worker over one iteration are
     + what the ops allocate and free, at the times the schedule gives them.
 
 Each op is summarised by two numbers recorded by the profiler
-(:func:`dpro.profiler.torch_memory.attach_allocations`): ``peak``, how far the live bytes
+(:func:`dpro.importers.recording.allocations.attach_allocations`): ``peak``, how far the live bytes
 rise above their level at the op's start while it runs (its temporaries included), and
 its net change ``alloc - free`` (the blocks it allocates that outlive it, minus the blocks
 of other ops it frees: activations freed by their last backward consumer, gradients freed

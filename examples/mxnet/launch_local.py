@@ -6,7 +6,7 @@ Every process gets the ps-lite environment (``DMLC_ROLE``, ``DMLC_PS_ROOT_URI`` 
 127.0.0.1, ``DMLC_PS_ROOT_PORT`` = a free port, ``DMLC_NUM_SERVER``, ``DMLC_NUM_WORKER``)
 on top of the inherited one, so under ``dpro profile`` the workers see ``DPRO_TRACE_DIR``
 and friends. Workers run the training script; the scheduler and servers run
-``dpro.profiler.mxnet_backend.run_ps_node`` (MXNet's own server loop, with dpro's
+``dpro.profiler.mxnet.server.run_ps_node`` (MXNet's own server loop, with dpro's
 per-key timing of the server's updates when ``DPRO_TRACE_DIR`` is set). Exits with the
 first non-zero worker exit code; servers and the scheduler are stopped when workers end.
 """
@@ -51,7 +51,7 @@ def launch(script: list[str], workers: int, servers: int, *, timeout: float = 60
         "PS_VERBOSE": env.get("PS_VERBOSE", "0"),
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
     })
-    node = [sys.executable, "-c", "from dpro.profiler.mxnet_backend import run_ps_node; run_ps_node()"]
+    node = [sys.executable, "-c", "from dpro.profiler.mxnet.server import run_ps_node; run_ps_node()"]
     procs: list[tuple[str, subprocess.Popen]] = []
 
     def start(role: str, cmd: list[str], i: int) -> None:

@@ -42,7 +42,7 @@ Outputs (same formats as ``train_ddp.py``):
   µs since Horovod's start; the file's first record (``pid`` 0, ``process_name``) carries
   ``start_time_since_epoch_in_micros``, the same Unix-epoch wall clock that
   ``torch.profiler`` uses (``ts + baseTimeNanoseconds / 1000``), so the two line up
-  directly (see ``dpro.profiler.horovod_timeline``).
+  directly (see ``dpro.importers.horovod.timeline``).
 """
 
 from __future__ import annotations

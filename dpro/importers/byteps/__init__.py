@@ -13,8 +13,7 @@ Layout read here: ``DIR/<local_rank>/comm.json`` (one machine), or
 ``server*.json`` (their keys tell which server wrote them).
 """
 
-from dpro.importers.byteps.convert import add_byteps_command, import_byteps
+from dpro.importers.byteps.convert import import_byteps
 from dpro.importers.byteps.read import STAGES, RankComm, ServerProfile, discover, read_comm_json, read_server_profile
 
-__all__ = ["STAGES", "RankComm", "ServerProfile", "add_byteps_command", "discover", "import_byteps", "read_comm_json",
-           "read_server_profile"]
+__all__ = ["STAGES", "RankComm", "ServerProfile", "discover", "import_byteps", "read_comm_json", "read_server_profile"]

@@ -7,7 +7,6 @@ import logging
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
@@ -296,25 +295,3 @@ def import_byteps(
     for n in notes:
         log.info("%s", n)
     return gt
-
-
-def add_byteps_command(group: Any) -> None:
-    """Register ``dpro import byteps DIR -o OUT`` on the click group ``group``."""
-    import click
-
-    @group.command(name="byteps")
-    @click.argument("path", type=click.Path(path_type=Path))
-    @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="gTrace directory to write.")
-    @click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
-    @click.option("--start-step", type=int, default=None,
-                  help="BYTEPS_TRACE_START_STEP of the run (numbers steps; matches server requests by count).")
-    @click.option("--framework", default="unknown", show_default=True, help="Framework recorded in the manifest.")
-    def import_byteps_cmd(path: Path, output: Path, force: bool, start_step: int | None, framework: str) -> None:
-        """Convert a BytePS trace directory (BYTEPS_TRACE_DIR, optional server_profile.json) to gTrace."""
-        from dpro.gtrace.io import write_gtrace
-
-        gt = import_byteps(path, start_step=start_step, framework=framework)
-        write_gtrace(gt, output, force=force)
-        click.echo(f"wrote {output} ({len(gt.nodes)} nodes)")
-        for n in gt.notes:
-            click.echo(f"  note: {n}")

@@ -7,13 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpro.contracts.recording import META_SUFFIX
 from dpro.errors import DproInputError
 from dpro.jsonio import read_json
 
 DEFAULT_RANK_PATTERN = r"rank[-_]?(\d+)"
 _TRACE_SUFFIXES = (".json", ".json.gz")
-#: per-rank metadata written by dpro's recorder beside the traces (not a trace)
-META_SUFFIX = ".meta.json"
 #: Event categories the importer turns into ops (see segments.py); a rank file needs one.
 OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.importers.kineto.read import RankFile
 
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "Runtime"})
@@ -24,9 +25,6 @@ SYNC_CALLS = {
     "cudaEventSynchronize": "event",
     "cudaMemcpy": "device",
 }
-#: annotations written by dpro's own recorder (dpro/profiler/torch_backend.py)
-LAYER_PREFIX = "dpro.layer::"
-BUCKET_PREFIX = "dpro.bucket::"
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL_KERNEL_RE = re.compile(r"^nccl(Dev)?Kernel_([A-Za-z]+)")
 DTYPE_BYTES = {

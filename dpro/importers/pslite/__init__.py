@@ -52,7 +52,7 @@ Control (ADD_NODE, BARRIER, ...) and SimpleApp messages are read and validated b
 turned into ops; nor is the scheduler (no data messages).
 """
 
-from dpro.importers.pslite.convert import Exchange, add_pslite_command, exchanges, import_pslite, to_gtrace
+from dpro.importers.pslite.convert import Exchange, exchanges, import_pslite, to_gtrace
 from dpro.importers.pslite.read import (
                                         DATA_KINDS,
                                         FORMAT_NAME,
@@ -64,6 +64,5 @@ from dpro.importers.pslite.read import (
 )
 
 __all__ = [
-    "DATA_KINDS", "FORMAT_NAME", "FORMAT_VERSION", "Exchange", "ProcessTrace", "Record", "add_pslite_command",
-    "exchanges", "import_pslite", "read_trace_dir", "read_trace_file", "to_gtrace",
+    "DATA_KINDS", "FORMAT_NAME", "FORMAT_VERSION", "Exchange", "ProcessTrace", "Record", "exchanges", "import_pslite", "read_trace_dir", "read_trace_file", "to_gtrace",
 ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
@@ -297,23 +296,3 @@ def import_pslite(root: str | Path, *, framework: str = "ps-lite") -> GTrace:
     """Read a directory of ps-lite trace files and build its gTrace."""
     procs = read_trace_dir(root)
     return to_gtrace(procs, framework=framework, source=str(root))
-
-
-def add_pslite_command(group: Any) -> None:
-    """Register ``dpro import pslite DIR -o OUT`` on the click group ``group``."""
-    import click
-
-    @group.command(name="pslite")
-    @click.argument("path", type=click.Path(path_type=Path))
-    @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="gTrace directory to write.")
-    @click.option("--force", is_flag=True, help="Replace OUTPUT if it already holds files.")
-    @click.option("--framework", default="ps-lite", show_default=True, help="Framework recorded in the manifest (e.g. mxnet).")
-    def import_pslite_cmd(path: Path, output: Path, force: bool, framework: str) -> None:
-        """Convert ps-lite message traces (PS_TRACE_DIR of native/pslite_patch) to gTrace."""
-        from dpro.gtrace.io import write_gtrace
-
-        gt = import_pslite(path, framework=framework)
-        write_gtrace(gt, output, force=force)
-        click.echo(f"wrote {output} ({len(gt.nodes)} nodes, {len(gt.manifest.steps)} steps)")
-        for n in gt.notes:
-            click.echo(f"  note: {n}")

@@ -6,7 +6,7 @@ hook at the end of its ``autograd::engine::evaluate_function:
 torch::autograd::AccumulateGrad`` op) and, inside ``Optimizer.step``, one ``aten::set_``
 per gradient, each right after ``synchronize()`` waited (a gap on the main thread) for
 that gradient's result. Rank 0's timeline (``HOROVOD_TIMELINE``, parsed by
-:mod:`dpro.profiler.horovod_timeline`) says when each fused response ran. This module
+:mod:`dpro.importers.horovod.timeline`) says when each fused response ran. This module
 adds, to every rank's NodeTrace, the COMM ops that connect the two.
 
 **Granularity: one coarse ALLREDUCE op per fusion atom.** Horovod fuses whatever is ready
@@ -61,12 +61,12 @@ from pathlib import Path
 
 import numpy as np
 
+from dpro.contracts.recording import RANK_META_GLOB, RAW_DIR, TIMELINE_NAME, MetaKey, rank_trace_name
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, NodeTrace, Op
 from dpro.gtrace.validate import find_cycle
+from dpro.importers.horovod.timeline import FusionGroup, HorovodTimeline, load_horovod_timeline
 from dpro.jsonio import read_bytes, read_json
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
-from dpro.profiler.horovod_timeline import FusionGroup, HorovodTimeline, load_horovod_timeline
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def _raw_info(path: Path) -> _RawInfo | None:
 
 def _grad_names(metas: dict[int, dict]) -> dict[str, dict]:
     meta = metas[min(metas)]
-    return {str(p["name"]): p for p in meta.get("params", []) if p.get("requires_grad", True)}
+    return {str(p["name"]): p for p in meta.get(MetaKey.PARAMS, []) if p.get("requires_grad", True)}
 
 
 _GROUPED = re.compile(r"grouped_allreduce\.(.+)_(\d+)of(\d+)")
@@ -561,16 +561,16 @@ def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict
     if tl.start_epoch_us is None:
         raise TimelineUnusable("no start_time_since_epoch_in_micros record: cannot place it on the ranks' clocks")
     if not metas:
-        raise TimelineUnusable("no rank*.meta.json: the gradients are unknown")
+        raise TimelineUnusable(f"no {RANK_META_GLOB}: the gradients are unknown")
     nodes = gt.workers()
     if not nodes:
         raise TimelineUnusable("no worker traces")
-    raw = {nt.info.rank: _raw_info(raw_dir / f"rank{nt.info.rank}.json.gz") for nt in nodes}
+    raw = {nt.info.rank: _raw_info(raw_dir / rank_trace_name(nt.info.rank)) for nt in nodes}
     off: dict[int, float] = {}
     for nt in nodes:
         info = raw[nt.info.rank]
         if info is None:
-            raise TimelineUnusable(f"rank{nt.info.rank}.json.gz has no baseTimeNanoseconds")
+            raise TimelineUnusable(f"{rank_trace_name(nt.info.rank)} has no baseTimeNanoseconds")
         off[nt.info.rank] = tl.offset_to_kineto_us(info.base_ns)
     ref = nodes[0]
     plan = plan_atoms(gt, tl, ref, off[ref.info.rank], _grad_names(metas))
@@ -596,7 +596,7 @@ def _apply(gt: GTrace, tl: HorovodTimeline, raw_dir: Path, metas: dict[int, dict
     gt.manifest.library = "horovod"
     gt.manifest.world_size = world
     gt.manifest.meta["horovod"] = {
-        "timeline": f"raw/{TIMELINE_NAME}",
+        "timeline": f"{RAW_DIR}/{TIMELINE_NAME}",
         "atoms": len(plan.atoms),
         "uncontended_ring_step": {"alpha_us": alpha, "beta_us_per_byte": beta},
         "groups_per_step": {str(s): len(v) for s, v in per_step.items()},

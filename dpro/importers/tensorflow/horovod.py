@@ -1,6 +1,6 @@
 """TF + Horovod: which gradient each Horovod all-reduce carries (its trainable variable, producer
 and consumers in the graph), and the fusion atoms of Horovod's timeline joined to the graph
-(:mod:`dpro.profiler.tf_collect`'s docstring, "Horovod"; the atom model is :mod:`dpro.profiler.horovod`'s)."""
+(:mod:`dpro.importers.tensorflow.convert`'s docstring, "Horovod"; the atom model is :mod:`dpro.importers.horovod.atoms`'s)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpro.contracts.recording import RAW_DIR, TIMELINE_NAME, MetaKey
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, Op, Tensor
 from dpro.gtrace.validate import find_cycle
-from dpro.profiler import horovod as hvdlib
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
-from dpro.profiler.horovod_timeline import HorovodTimeline, load_horovod_timeline
-from dpro.profiler.tf_record import ALLREDUCES, BW_SCOPES, HOROVOD_GROUPED, STEP_END_ID, RankRecording
+from dpro.importers.horovod import atoms as hvdlib
+from dpro.importers.horovod.timeline import HorovodTimeline, load_horovod_timeline
+from dpro.importers.tensorflow.read import ALLREDUCES, BW_SCOPES, HOROVOD_GROUPED, STEP_END_ID, RankRecording
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _gradients(r: RankRecording, ids: dict[str, str], preds: dict[str, set[str]]
     order = [n for n in r.hvd_order if n in set(allreduces)]
     order += sorted(set(allreduces) - set(order))
     tensors = [(n, i, h) for n in order for i, h in enumerate(_hvd_tensors(r, n))]
-    params = [p for p in r.meta.get("params", []) if p.get("requires_grad", True)]
+    params = [p for p in r.meta.get(MetaKey.PARAMS, []) if p.get("requires_grad", True)]
     known = {h: tl.tensors[h][0] for _, _, h in tensors if tl is not None and tl.tensors.get(h)}
     sizes = {h: (known[h].size_bytes if h in known else None) for _, _, h in tensors}
     succ: dict[str, list[str]] = defaultdict(list)
@@ -280,7 +280,7 @@ def apply_horovod(gt: GTrace, ranks: dict[int, RankRecording], built: dict[int, 
     gt.manifest.library = "horovod"
     gt.manifest.world_size = world
     gt.manifest.meta["horovod"] = {
-        "timeline": f"raw/{TIMELINE_NAME}", "atoms": len(plan.atoms),
+        "timeline": f"{RAW_DIR}/{TIMELINE_NAME}", "atoms": len(plan.atoms),
         "uncontended_ring_step": {"alpha_us": alpha, "beta_us_per_byte": beta},
         "groups_per_step": {str(s): len(v) for s, v in per_step.items()},
         "clock": "rank 0's timeline on the Unix-epoch clock of the TF profiler; ranks on other hosts rely on "

@@ -1,6 +1,6 @@
 """One rank's TensorFlow recording (``rank<r>.json.gz``, written by dpro's TF recorder) as read:
 the partition graphs TF executed and each op's execution per profiled step; and the names
-the DFG and the Horovod part both use. Turned into a gTrace by :mod:`dpro.profiler.tf_collect`."""
+the DFG and the Horovod part both use. Turned into a gTrace by :mod:`dpro.importers.tensorflow.convert`."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpro.contracts.recording import TF_EVENT_DONE, TF_EVENT_OP, TF_EVENT_START, TF_RANK_FORMAT, TFRankKey
 from dpro.errors import DproInputError
 from dpro.jsonio import read_json
 
-RANK_FORMAT = "dpro-tf-rank"
-#: names shared by the DFG (tf_collect) and the Horovod part (tf_horovod)
+#: names shared by the DFG (convert.py) and the Horovod part (horovod.py)
 STEP_END_ID = "STEP_END@cpu:main"
 BW_SCOPES = ("gradient_tape/", "gradients/")
 HOROVOD_ALLREDUCE = "HorovodAllreduce"
@@ -95,12 +95,12 @@ def _parse_graphs(path: Path, graphs: object, hits: Counter) -> dict[str, GraphN
 def read_rank(path: Path, meta: dict) -> RankRecording:
     """Read ``rank<r>.json.gz`` (``meta``: its ``.meta.json``, or {}); a one-line error on anything malformed."""
     d = read_json(path)
-    if not isinstance(d, dict) or d.get("format") != RANK_FORMAT:
-        raise DproInputError(path, f"not a dpro TensorFlow rank recording (format {RANK_FORMAT!r} expected)")
-    if not isinstance(d.get("rank"), int):
+    if not isinstance(d, dict) or d.get(TFRankKey.FORMAT) != TF_RANK_FORMAT:
+        raise DproInputError(path, f"not a dpro TensorFlow rank recording (format {TF_RANK_FORMAT!r} expected)")
+    if not isinstance(d.get(TFRankKey.RANK), int):
         raise DproInputError(path, "'rank' must be an integer")
     steps: dict[int, tuple[float, float]] = {}
-    raw_steps = d.get("steps")
+    raw_steps = d.get(TFRankKey.STEPS)
     if not isinstance(raw_steps, dict):
         raise DproInputError(path, "'steps' must map step numbers to [ts, dur]")
     for k, v in raw_steps.items():
@@ -110,7 +110,7 @@ def read_rank(path: Path, meta: dict) -> RankRecording:
             raise DproInputError(path, f"step {k!r}: expected [ts, dur] in µs, got {v!r}") from None
     if not steps:
         raise DproInputError(path, "no profiled step was recorded (no dpro_step annotation in the trace)")
-    events = d.get("events")
+    events = d.get(TFRankKey.EVENTS)
     if not isinstance(events, list):
         raise DproInputError(path, "'events' must be a list")
     order = sorted(steps)
@@ -122,7 +122,7 @@ def read_rank(path: Path, meta: dict) -> RankRecording:
     for e in events:
         try:
             name, op_type, thread, ts, dur = str(e[0]), str(e[1]), str(e[2]), float(e[3]), float(e[4])
-            kind = str(e[5]) if len(e) > 5 else "op"
+            kind = str(e[5]) if len(e) > 5 else TF_EVENT_OP
         except (TypeError, ValueError, IndexError, KeyError):
             raise DproInputError(path, f"malformed event {str(e)[:80]} "
                                        "(expected [node, type, thread, ts, dur, kind])") from None
@@ -132,7 +132,7 @@ def read_rank(path: Path, meta: dict) -> RankRecording:
         if i < 0:
             continue
         s = order[i]
-        if kind == "done":
+        if kind == TF_EVENT_DONE:
             x = pending.pop((s, name), None)
             if x is not None:
                 x.done = ts + dur
@@ -147,10 +147,10 @@ def read_rank(path: Path, meta: dict) -> RankRecording:
             continue
         x = OpInstance(ts, ts + dur, thread, op_type)
         inst[s][name] = x
-        if kind == "start":
+        if kind == TF_EVENT_START:
             pending[(s, name)] = x
-    graph = _parse_graphs(path, d.get("graphs") or [], hits)
-    hvd_order = [str(n) for n in d.get("horovod_ops") or []]
-    return RankRecording(int(d["rank"]), path, steps, inst, graph, hvd_order, meta, repeated=repeated)
+    graph = _parse_graphs(path, d.get(TFRankKey.GRAPHS) or [], hits)
+    hvd_order = [str(n) for n in d.get(TFRankKey.HOROVOD_OPS) or []]
+    return RankRecording(int(d[TFRankKey.RANK]), path, steps, inst, graph, hvd_order, meta, repeated=repeated)
 
 

@@ -1,6 +1,6 @@
 """An MXNet parameter-server recording as read: each worker's ``rank<r>.json.gz`` +
 ``rank<r>.meta.json`` (:class:`WorkerRaw`) and each server's ``server<i>.kv.json``
-(:class:`ServerRaw`), written by :mod:`dpro.profiler.mxnet_backend`; every field checked."""
+(:class:`ServerRaw`), written by :mod:`dpro.profiler.mxnet`; every field checked."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpro.contracts.recording import MetaKey, ServerKey, rank_trace_name
 from dpro.errors import DproInputError
+from dpro.importers.mxnet.memory import COUNTER_CAT
 from dpro.jsonio import read_json
-from dpro.profiler.mxnet_memory import COUNTER_CAT
 
 IGNORED = {"DeleteVariable"}  # engine bookkeeping (a variable freed), ~1 µs, no dependency
 
@@ -32,7 +33,7 @@ class WorkerRaw:
     steps: dict[int, tuple[float, float]]
     keys: dict[int, dict]
     ops: list[Interval] = field(default_factory=list)
-    #: the storage counter's events (``profile_memory=True``), for mxnet_memory
+    #: the storage counter's events (``profile_memory=True``), for :mod:`dpro.importers.mxnet.memory`
     counters: list[dict] = field(default_factory=list)
 
 
@@ -56,9 +57,9 @@ def _req(d: Any, key: str, typ: type | tuple[type, ...], path: Path) -> Any:
 
 def read_worker(meta_path: Path) -> WorkerRaw:
     meta = read_json(meta_path)
-    rank = _req(meta, "rank", int, meta_path)
+    rank = _req(meta, MetaKey.RANK, int, meta_path)
     steps: dict[int, tuple[float, float]] = {}
-    for i, s in enumerate(_req(meta, "steps", list, meta_path)):
+    for i, s in enumerate(_req(meta, MetaKey.STEPS, list, meta_path)):
         try:
             steps[int(s["step"])] = (float(s["ts"]), float(s["dur"]))
         except (KeyError, TypeError, ValueError):
@@ -68,17 +69,17 @@ def read_worker(meta_path: Path) -> WorkerRaw:
     if not steps:
         raise DproInputError(meta_path, "no profiled steps")
     keys: dict[int, dict] = {}
-    for i, k in enumerate(_req(meta, "keys", list, meta_path)):
+    for i, k in enumerate(_req(meta, MetaKey.KEYS, list, meta_path)):
         if not isinstance(k, dict) or not isinstance(k.get("key"), int) or not isinstance(k.get("bytes"), int) \
                 or not isinstance(k.get("name"), str) or k["bytes"] < 0:
             raise DproInputError(meta_path, f"keys[{i}]: expected {{key: int, name: str, bytes: int >= 0, ...}}")
         keys[k["key"]] = k
-    trace_path = meta_path.with_name(f"rank{rank}.json.gz")
+    trace_path = meta_path.with_name(rank_trace_name(rank))
     doc = read_json(trace_path)
     evs = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(evs, list):
         raise DproInputError(trace_path, "not an mx.profiler Chrome trace (no traceEvents list)")
-    mem = meta.get("memory")
+    mem = meta.get(MetaKey.MEMORY)
     if mem is not None and not (isinstance(mem, dict) and isinstance(mem.get("static"), dict)
                                 and all(isinstance(v, int) and v >= 0 for v in mem["static"].values())):
         raise DproInputError(meta_path, "memory: expected {static: {kind: bytes >= 0}, ...}")
@@ -113,12 +114,12 @@ def read_worker(meta_path: Path) -> WorkerRaw:
 
 def read_server(path: Path) -> ServerRaw:
     d = read_json(path)
-    rank = _req(d, "rank", int, path)
-    rows = _req(d, "updates", list, path)
+    rank = _req(d, ServerKey.RANK, int, path)
+    rows = _req(d, ServerKey.UPDATES, list, path)
     ups: dict[tuple[int, int], tuple[float, float, float, int]] = {}
     for i, r in enumerate(rows):
         if (not isinstance(r, list) or len(r) != 6 or not all(isinstance(x, (int, float)) for x in r)
                 or not (r[2] <= r[3] <= r[4]) or r[5] < 0):
             raise DproInputError(path, f"updates[{i}]: expected [key, call, ts_call <= ts_merged <= ts_end, bytes]")
         ups[(int(r[0]), int(r[1]))] = (float(r[2]), float(r[3]), float(r[4]), int(r[5]))
-    return ServerRaw(rank, path, str(d.get("host") or "host0"), ups)
+    return ServerRaw(rank, path, str(d.get(ServerKey.HOST) or "host0"), ups)

@@ -1,6 +1,6 @@
 """Turn an MXNet parameter-server recording into a gTrace (scheme ``ps``, library ``ps-lite``).
 
-Inputs in the recording directory (written by :mod:`dpro.profiler.mxnet_backend`):
+Inputs in the recording directory (written by :mod:`dpro.profiler.mxnet`):
 ``rank<r>.json.gz`` (the worker's ``mx.profiler`` Chrome trace), ``rank<r>.meta.json``
 (steps, kvstore keys, hybridized symbol) and ``server<i>.kv.json`` (each server's
 per-key update times).
@@ -31,11 +31,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpro.contracts.recording import RANK_META_GLOB, SERVER_GLOB, MetaKey, rank_meta_name
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
-from dpro.profiler.mxnet_backend import SERVER_SUFFIX
-from dpro.profiler.mxnet_memory import attach_counter
-from dpro.profiler.mxnet_record import Interval, ServerRaw, WorkerRaw, read_server, read_worker
+from dpro.importers.mxnet.memory import attach_counter
+from dpro.importers.mxnet.read import Interval, ServerRaw, WorkerRaw, read_server, read_worker
 from dpro.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -104,13 +104,13 @@ def _match(kv: list[Interval], ups: list[dict[int, tuple[float, float, float, in
 def collect_mxnet(raw: Path, *, progress: bool | None = None) -> GTrace:
     """Build the gTrace of an MXNet PS job from its recording directory."""
     raw = Path(raw)
-    metas = sorted(raw.glob("rank*.meta.json"))
+    metas = sorted(raw.glob(RANK_META_GLOB))
     if not metas:
-        raise DproInputError(raw, "no worker recorded anything (rank*.meta.json)")
-    servers_f = sorted(raw.glob(f"server*{SERVER_SUFFIX}"))
+        raise DproInputError(raw, f"no worker recorded anything ({RANK_META_GLOB})")
+    servers_f = sorted(raw.glob(SERVER_GLOB))
     if not servers_f:
-        raise DproInputError(raw, f"no server timing (server*{SERVER_SUFFIX}): were the servers started with "
-                                  "dpro.profiler.mxnet_backend.run_ps_node, and is the update on the kvstore?")
+        raise DproInputError(raw, f"no server timing ({SERVER_GLOB}): were the servers started with "
+                                  "dpro.profiler.mxnet.server.run_ps_node, and is the update on the kvstore?")
     with progress_bar(len(metas) + len(servers_f), "reading MXNet traces", enabled=progress) as tick:
         workers = []
         for m in metas:
@@ -135,10 +135,10 @@ def _build(raw: Path, workers: list[WorkerRaw], servers: list[ServerRaw]) -> GTr
     keys = workers[0].keys
     for w in workers[1:]:
         if {k: v["bytes"] for k, v in w.keys.items()} != {k: v["bytes"] for k, v in keys.items()}:
-            raise DproInputError(w.path.with_name(f"rank{w.rank}.meta.json"), "its kvstore keys differ from rank "
+            raise DproInputError(w.path.with_name(rank_meta_name(w.rank)), "its kvstore keys differ from rank "
                                  f"{workers[0].rank}'s")
     if not keys:
-        raise DproInputError(workers[0].path.with_name(f"rank{workers[0].rank}.meta.json"),
+        raise DproInputError(workers[0].path.with_name(rank_meta_name(workers[0].rank)),
                              "no kvstore push/pull was seen in the profiled steps")
     # (key, step) -> {server rank: (u0, merged, u1, bytes)}
     upd: dict[tuple[int, int], dict[int, tuple[float, float, float, int]]] = defaultdict(dict)
@@ -159,7 +159,7 @@ def _build(raw: Path, workers: list[WorkerRaw], servers: list[ServerRaw]) -> GTr
     if split:
         notes.append(f"{len(split)} key(s) split across servers (MXNET_KVSTORE_BIGARRAY_BOUND): "
                      + ", ".join(keys[k]["name"] for k in split[:5]))
-    by_type, consumer = _layers(workers[0].meta.get("symbol"))
+    by_type, consumer = _layers(workers[0].meta.get(MetaKey.SYMBOL))
 
     nodes: dict[str, NodeTrace] = {}
     # pushpull op of (worker, key, step) -> (a, b)
@@ -190,15 +190,16 @@ def _build(raw: Path, workers: list[WorkerRaw], servers: list[ServerRaw]) -> GTr
         nodes[f"worker{w.rank}"] = _worker_node(w, steps, keys, slices, upd, kvt, last_push, views, by_type, consumer, notes)
     for srv in servers:
         nodes[f"server{srv.rank}"] = _server_node(srv, workers, steps, keys, slices, upd, kvt)
-    host = str(workers[0].meta.get("host") or "host0")
+    host = str(workers[0].meta.get(MetaKey.HOST) or "host0")
     infos = [nt.info for nt in nodes.values()]
     m0 = workers[0].meta
     manifest = Manifest(
         framework="mxnet", scheme="ps", library="ps-lite",
-        world_size=max(int(m0.get("world_size") or 0), max(w.rank for w in workers) + 1),
+        world_size=max(int(m0.get(MetaKey.WORLD_SIZE) or 0), max(w.rank for w in workers) + 1),
         nodes=infos, steps=steps,
-        meta={"recorder": "dpro", "framework_version": m0.get("framework_version"), "kvstore": m0.get("kvstore"),
-              "num_servers": len(servers), "bigarray_bound": m0.get("bigarray_bound"), "host": host},
+        meta={"recorder": "dpro", "framework_version": m0.get(MetaKey.FRAMEWORK_VERSION),
+              "kvstore": m0.get(MetaKey.KVSTORE), "num_servers": len(servers),
+              "bigarray_bound": m0.get(MetaKey.BIGARRAY_BOUND), "host": host},
     )
     missing = sorted(set(range(manifest.world_size)) - {w.rank for w in workers})
     if missing:
@@ -211,7 +212,7 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
                  upd: dict, kvt: dict, last_push: dict, views: dict, by_type: dict[str, list[str]], consumer: dict[str, str],
                  notes: list[str]) -> NodeTrace:
     name = f"worker{w.rank}"
-    nt = NodeTrace(NodeInfo(name, "worker", w.rank, str(w.meta.get("host") or "host0")))
+    nt = NodeTrace(NodeInfo(name, "worker", w.rank, str(w.meta.get(MetaKey.HOST) or "host0")))
     main_tid = max({o.tid for o in w.ops}, key=lambda t: sum(o.tid == t for o in w.ops))
     dev_of = {main_tid: "cpu:main"}
     edges: set[tuple[str, str]] = set()
@@ -329,17 +330,17 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
         nt.steps[s] = (t0, dur)
         nt.events.append(Event(STEP_END, s, t0 + dur, 0.0))
     nt.edges = sorted(edges)
-    nt.meta = {"framework_version": w.meta.get("framework_version"), "kvstore": w.meta.get("kvstore"),
+    nt.meta = {"framework_version": w.meta.get(MetaKey.FRAMEWORK_VERSION), "kvstore": w.meta.get(MetaKey.KVSTORE),
                "keys": {str(k): v["name"] for k, v in keys.items()},
                # the recorder's step walls and the recorded step numbers: the profiling overhead
-               # (dpro.replayer.overhead), as for the torch backend
+               # (dpro.graph.overhead), as for the torch backend
                "steps": sorted(w.steps)}
-    for k in ("step_wall_us", "step_wall_after_us"):
+    for k in (MetaKey.STEP_WALL_US, MetaKey.STEP_WALL_AFTER_US):
         if isinstance(w.meta.get(k), list):
             nt.meta[k] = [float(x) for x in w.meta[k]]
-    if isinstance(w.meta.get("window_changes_job"), str):
-        nt.meta["window_changes_job"] = w.meta["window_changes_job"]
-    attach_counter(nt, w.counters, w.meta.get("memory"))
+    if isinstance(w.meta.get(MetaKey.WINDOW_CHANGES_JOB), str):
+        nt.meta[MetaKey.WINDOW_CHANGES_JOB] = w.meta[MetaKey.WINDOW_CHANGES_JOB]
+    attach_counter(nt, w.counters, w.meta.get(MetaKey.MEMORY))
     return nt
 
 

@@ -27,7 +27,7 @@ time); FW: the rest.
 
 **Horovod.** Horovod names a TF tensor by its graph op (``HorovodAllreduce_<gradient>``),
 so rank 0's timeline joins the graph by name. The fusion-atom model, the event placement
-and the uncontended/excess split are those of the PyTorch path (:mod:`dpro.profiler.horovod`,
+and the uncontended/excess split are those of the PyTorch path (:mod:`dpro.importers.horovod.atoms`,
 used as a library): one ALLREDUCE op per atom on device ``comm``, ``enqueue -> atom ->`` the
 allreduce node's consumers in the graph, consecutive atoms chained. Gradient tensors are
 the allreduce inputs: name (the trainable variable, matched by creation order and size,
@@ -43,7 +43,7 @@ version's naming, a function whose graph was not collected) becomes a generic op
 lane, classified by time (FW before the step's first BW op, else OTHER); one note counts
 them. A rank without any graph gets a trace-only DFG (ops chained per lane) with a note.
 
-Reading a recording is :mod:`dpro.profiler.tf_record`; the Horovod part :mod:`dpro.profiler.tf_horovod`.
+Reading a recording is :mod:`dpro.importers.tensorflow.read`; the Horovod part :mod:`dpro.importers.tensorflow.horovod`.
 """
 
 from __future__ import annotations
@@ -54,14 +54,12 @@ from pathlib import Path
 
 import numpy as np
 
+from dpro.contracts.recording import RANK_META_GLOB, RANK_TRACE_GLOB, TIMELINE_NAME, TRACE_SUFFIX, MetaKey, rank_stem
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op, Tensor
 from dpro.gtrace.validate import find_cycle
-from dpro.importers.kineto.read import META_SUFFIX
-from dpro.jsonio import read_json
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
-from dpro.profiler.tf_horovod import apply_horovod
-from dpro.profiler.tf_record import (
+from dpro.importers.tensorflow.horovod import apply_horovod
+from dpro.importers.tensorflow.read import (
     ALLREDUCES,
     BW_SCOPES,
     STEP_END_ID,
@@ -69,6 +67,7 @@ from dpro.profiler.tf_record import (
     RankRecording,
     read_rank,
 )
+from dpro.jsonio import read_json
 from dpro.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -220,7 +219,7 @@ def _build_rank(r: RankRecording, world: int) -> tuple[NodeTrace, dict[str, str]
     preds = _contracted_preds(r.graph, traced)
     cat = _classify(r, names, preds, kept)
     nt = NodeTrace(info=NodeInfo(name=f"worker{r.rank}", role="worker", rank=r.rank,
-                                 host=str(r.meta.get("host") or "host0")))
+                                 host=str(r.meta.get(MetaKey.HOST) or "host0")))
     ids: dict[str, str] = {}
     first = r.inst[kept[0]]
     for n in sorted(names, key=lambda n: (first[n].ts, n)):
@@ -265,10 +264,11 @@ def _build_rank(r: RankRecording, world: int) -> tuple[NodeTrace, dict[str, str]
         nt.steps[s] = (t0, dur)
         nt.events.append(Event(op=STEP_END_ID, step=s, ts=t0 + dur, dur=0.0))
     nt.edges = sorted(edges)
-    nt.meta = {"framework_version": r.meta.get("framework_version"), "steps": r.meta.get("steps"),
+    nt.meta = {"framework_version": r.meta.get(MetaKey.FRAMEWORK_VERSION), "steps": r.meta.get(MetaKey.STEPS),
                "graph_nodes": len(r.graph), "traced_ops": len(names), "generic_ops": len(unknown),
-               **{k: r.meta[k] for k in ("step_wall_us", "step_wall_after_us", "horovod_writer_thread",
-                                         "horovod_settings", "compile") if k in r.meta}}
+               **{k: r.meta[k] for k in (MetaKey.STEP_WALL_US, MetaKey.STEP_WALL_AFTER_US,
+                                         MetaKey.HOROVOD_WRITER_THREAD, MetaKey.HOROVOD_SETTINGS, MetaKey.COMPILE)
+                  if k in r.meta}}
     return nt, ids, preds
 
 
@@ -279,21 +279,21 @@ def collect_tf(raw: Path, *, progress: bool | None = None) -> GTrace:
     """Import a TensorFlow recording directory (``rank<r>.json.gz`` + ``rank<r>.meta.json``)."""
     raw = Path(raw)
     metas: dict[int, dict] = {}
-    for f in sorted(raw.glob(f"rank*{META_SUFFIX}")):
+    for f in sorted(raw.glob(RANK_META_GLOB)):
         m = read_json(f)
-        if isinstance(m, dict) and isinstance(m.get("rank"), int):
-            metas[m["rank"]] = m
-    files = sorted(p for p in raw.glob("rank*.json.gz") if not p.name.startswith("."))
+        if isinstance(m, dict) and isinstance(m.get(MetaKey.RANK), int):
+            metas[m[MetaKey.RANK]] = m
+    files = sorted(p for p in raw.glob(RANK_TRACE_GLOB) if not p.name.startswith("."))
     if not files:
-        raise DproInputError(raw, "no rank traces were recorded (rank*.json.gz)")
+        raise DproInputError(raw, f"no rank traces were recorded ({RANK_TRACE_GLOB})")
     ranks: dict[int, RankRecording] = {}
     built: dict[int, tuple] = {}
-    world_meta = max([int(m.get("world_size") or 0) for m in metas.values()] + [1])
+    world_meta = max([int(m.get(MetaKey.WORLD_SIZE) or 0) for m in metas.values()] + [1])
     with progress_bar(len(files), "importing TF ranks", enabled=progress) as tick:
         for f in files:
             tick(f.name)
-            stem = f.name[: -len(".json.gz")]
-            meta = next((m for m in metas.values() if f"rank{m['rank']}" == stem), {})
+            stem = f.name[: -len(TRACE_SUFFIX)]
+            meta = next((m for m in metas.values() if rank_stem(m[MetaKey.RANK]) == stem), {})
             r = read_rank(f, meta)
             if r.rank in ranks:
                 raise DproInputError(f, f"rank {r.rank} recorded twice")
@@ -305,9 +305,9 @@ def collect_tf(raw: Path, *, progress: bool | None = None) -> GTrace:
             except (KeyError, ValueError, TypeError, IndexError, AttributeError, RecursionError) as e:
                 raise DproInputError(f, f"cannot interpret this TF recording ({type(e).__name__}: {e})") from None
     nodes = {built[r][0].info.name: built[r][0] for r in sorted(built)}
-    world = max([int(m.get("world_size") or 0) for m in metas.values()] + [max(ranks) + 1])
+    world = max([int(m.get(MetaKey.WORLD_SIZE) or 0) for m in metas.values()] + [max(ranks) + 1])
     common = sorted(set.intersection(*(set(nt.steps) for nt in nodes.values())))
-    library = next((str(m["library"]) for m in metas.values() if m.get("library")), "none")
+    library = next((str(m[MetaKey.LIBRARY]) for m in metas.values() if m.get(MetaKey.LIBRARY)), "none")
     gt = GTrace(
         manifest=Manifest(framework="tensorflow", scheme="allreduce", library=library, world_size=world,
                           nodes=[nt.info for nt in nodes.values()], steps=common,
@@ -329,7 +329,7 @@ def collect_tf(raw: Path, *, progress: bool | None = None) -> GTrace:
                         "(run the job under `dpro profile`)")
     if not any(t for nt in nodes.values() for t in nt.tensors):
         for nt in nodes.values():
-            for p in ranks[nt.info.rank].meta.get("params", []):
+            for p in ranks[nt.info.rank].meta.get(MetaKey.PARAMS, []):
                 nt.tensors.append(Tensor(name=str(p["name"]), bytes=int(p["bytes"]),
                                          shape=tuple(int(x) for x in p.get("shape", [])), dtype=str(p.get("dtype"))))
     missing = sorted(set(range(world)) - set(ranks))

@@ -7,21 +7,32 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dpro.contracts.recording import (
+    FRAMEWORK_MXNET,
+    FRAMEWORK_PYTORCH,
+    FRAMEWORK_TENSORFLOW,
+    NCCL_DIR,
+    NCCL_TRACE_GLOB,
+    RANK_META_GLOB,
+    RANK_TRACE_GLOB,
+    SERVER_GLOB,
+    TIMELINE_NAME,
+    MetaKey,
+    rank_trace_name,
+)
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
+from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.kineto import import_kineto
-from dpro.importers.kineto.read import META_SUFFIX
+from dpro.importers.recording.allocations import attach_allocations
 from dpro.jsonio import read_json
-from dpro.profiler.horovod import apply_horovod_timeline
-from dpro.profiler.horovod_runtime import TIMELINE_NAME
-from dpro.profiler.torch_memory import attach_allocations
 
 log = logging.getLogger(__name__)
 
 
 def rank_files(raw: Path) -> list[Path]:
     """The per-rank trace files a recording directory holds."""
-    return sorted(p for p in raw.glob("rank*.json.gz") if not p.name.startswith("."))
+    return sorted(p for p in raw.glob(RANK_TRACE_GLOB) if not p.name.startswith("."))
 
 
 def merge_dirs(dirs: list[Path], dest: Path) -> None:
@@ -35,10 +46,10 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
             raise DproInputError(d, "not a directory")
         files = rank_files(d)
         if not files:
-            raise DproInputError(d, "holds no rank*.json.gz traces")
+            raise DproInputError(d, f"holds no {RANK_TRACE_GLOB} traces")
         timeline = [d / TIMELINE_NAME] if (d / TIMELINE_NAME).is_file() else []
-        servers = sorted(d.glob("server*.kv.json"))  # MXNet parameter servers (dpro/profiler/mxnet_backend.py)
-        for f in files + sorted(d.glob(f"rank*{META_SUFFIX}")) + timeline + servers:
+        servers = sorted(d.glob(SERVER_GLOB))  # MXNet parameter servers (dpro/profiler/mxnet/server.py)
+        for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers:
             if f.name in seen:
                 if f.name == TIMELINE_NAME:
                     raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
@@ -49,14 +60,14 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
 
 def _enrich(nt: NodeTrace, meta: dict) -> None:
     """Host, gradient tensors (with their bucket and producing op) and facts from the recorder."""
-    nt.info.host = str(meta.get("host") or nt.info.host)
+    nt.info.host = str(meta.get(MetaKey.HOST) or nt.info.host)
     comm_by_tensor = {op.tensor: op for op in nt.ops.values() if op.cat == "COMM"}
-    bucket_of = {name: b["index"] for b in meta.get("buckets", []) for name in b.get("params", [])}
+    bucket_of = {name: b["index"] for b in meta.get(MetaKey.BUCKETS, []) for name in b.get("params", [])}
     last_bw: dict[str, str] = {}
     for op in nt.ops.values():  # ops are in device order; keep the last BW op of each layer
         if op.cat == "BW" and op.layer:
             last_bw[op.layer] = op.id
-    for p in meta.get("params", []):
+    for p in meta.get(MetaKey.PARAMS, []):
         if not p.get("requires_grad", True):
             continue
         name = str(p["name"])
@@ -70,9 +81,10 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
             producer=last_bw.get(layer),
             txn=comm.txn if comm is not None else None,
         ))
-    nt.meta = {k: meta[k] for k in ("framework_version", "ddp", "buckets", "steps", "memory", "compile",
-                                    "step_wall_us", "step_wall_after_us", "cpu", "cpu_after_us",
-                                    "horovod_writer_thread", "horovod_settings") if k in meta}
+    nt.meta = {k: meta[k] for k in (MetaKey.FRAMEWORK_VERSION, MetaKey.DDP, MetaKey.BUCKETS, MetaKey.STEPS,
+                                    MetaKey.MEMORY, MetaKey.COMPILE, MetaKey.STEP_WALL_US, MetaKey.STEP_WALL_AFTER_US,
+                                    MetaKey.CPU, MetaKey.CPU_AFTER_US, MetaKey.HOROVOD_WRITER_THREAD,
+                                    MetaKey.HOROVOD_SETTINGS) if k in meta}
 
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
@@ -94,11 +106,11 @@ def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
 
 def recorded_framework(raw: Path) -> str:
     """The framework the ranks of a recording directory recorded (their ``meta.json``)."""
-    for f in sorted(raw.glob(f"rank*{META_SUFFIX}")):
+    for f in sorted(raw.glob(RANK_META_GLOB)):
         m = read_json(f)
-        if isinstance(m, dict) and isinstance(m.get("framework"), str):
-            return m["framework"]
-    return "pytorch"
+        if isinstance(m, dict) and isinstance(m.get(MetaKey.FRAMEWORK), str):
+            return m[MetaKey.FRAMEWORK]
+    return FRAMEWORK_PYTORCH
 
 
 def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
@@ -108,38 +120,38 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
     frameworks have their own collector module.
     """
     framework = recorded_framework(raw)
-    if framework == "tensorflow":
-        from dpro.profiler.tf_collect import collect_tf
+    if framework == FRAMEWORK_TENSORFLOW:
+        from dpro.importers.tensorflow.convert import collect_tf
 
         return collect_tf(raw, progress=progress)
-    if framework == "mxnet":
-        from dpro.profiler.mxnet_collect import collect_mxnet
+    if framework == FRAMEWORK_MXNET:
+        from dpro.importers.mxnet.convert import collect_mxnet
 
         return collect_mxnet(raw, progress=progress)
     if not rank_files(raw):
-        raise DproInputError(raw, "no rank traces were recorded (rank*.json.gz)")
+        raise DproInputError(raw, f"no rank traces were recorded ({RANK_TRACE_GLOB})")
     with tempfile.TemporaryDirectory(prefix="dpro-collect-") as tmp:
         for f in rank_files(raw):
             shutil.copy2(f, Path(tmp) / f.name)  # only the traces: the importer reads every *.json*
         gt = import_kineto(Path(tmp), progress=progress)
     metas = {}
-    for f in sorted(raw.glob(f"rank*{META_SUFFIX}")):
+    for f in sorted(raw.glob(RANK_META_GLOB)):
         m = read_json(f)
-        if isinstance(m, dict) and isinstance(m.get("rank"), int):
-            metas[m["rank"]] = m
+        if isinstance(m, dict) and isinstance(m.get(MetaKey.RANK), int):
+            metas[m[MetaKey.RANK]] = m
     for nt in gt.nodes.values():
         if nt.info.rank in metas:
             _enrich(nt, metas[nt.info.rank])
-        if (raw / f"rank{nt.info.rank}.json.gz").is_file():  # allocations -> ops (docs/memory.md)
-            attach_allocations(nt, raw / f"rank{nt.info.rank}.json.gz")
+        if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
+            attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
     if metas:
         any_meta = next(iter(metas.values()))
-        gt.manifest.library = str(any_meta.get("library") or gt.manifest.library)
-        gt.manifest.world_size = max(gt.manifest.world_size, int(any_meta.get("world_size") or 0))
+        gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)
+        gt.manifest.world_size = max(gt.manifest.world_size, int(any_meta.get(MetaKey.WORLD_SIZE) or 0))
     if (raw / TIMELINE_NAME).is_file():  # a Horovod job: its collectives are in rank 0's timeline
         apply_horovod_timeline(gt, raw / TIMELINE_NAME, raw, metas)
-    nccl = raw / "nccl"
-    if nccl.is_dir() and any(nccl.glob("nccl_rank*.jsonl")):  # dpro's NCCL plugin was loaded
+    nccl = raw / NCCL_DIR
+    if nccl.is_dir() and any(nccl.glob(NCCL_TRACE_GLOB)):  # dpro's NCCL plugin was loaded
         gt = _apply_nccl_chunks(gt, raw, nccl)
     gt.manifest.meta["recorder"] = "dpro"
     gt.manifest.meta.pop("files", None)

@@ -12,7 +12,7 @@ touched) and the RNG state is restored, so training continues unchanged.
 Written to ``rank<r>.meta.json["compile"]``: ``{module name: {"class", "eager_us",
 "compiled_us"}}`` (modules sharing class and input shapes share one measurement);
 the model itself is ``""``. The op-fusion pass uses the ratio compiled / eager of the
-smallest measured module around a fused chain (:func:`dpro.passes.op_fusion.fused_duration`).
+smallest measured module around a fused chain (:func:`dpro.optimizer.passes.op_fusion.fused_duration`).
 """
 
 from __future__ import annotations
@@ -23,16 +23,12 @@ import statistics
 import time
 from typing import Any
 
+from dpro.contracts.recording import ENV_COMPILE_BUDGET_S
+
 log = logging.getLogger(__name__)
 
-ENV_MEASURE = "DPRO_MEASURE_COMPILE"
-ENV_BUDGET = "DPRO_COMPILE_BUDGET_S"
 DEFAULT_BUDGET_S = 600.0
 REPEATS = 7
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_MEASURE, "") in ("1", "true", "yes")
 
 
 class CompileProbe:
@@ -74,7 +70,7 @@ class CompileProbe:
         """Eager vs compiled forward + backward time per measured module (µs)."""
         import torch
 
-        budget = budget_s if budget_s is not None else float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET_S))
+        budget = budget_s if budget_s is not None else float(os.environ.get(ENV_COMPILE_BUDGET_S, DEFAULT_BUDGET_S))
         t_end = time.monotonic() + budget
         rng = torch.get_rng_state()
         out: dict[str, dict] = {}

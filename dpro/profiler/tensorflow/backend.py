@@ -39,20 +39,34 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dpro.contracts.recording import (
+    FRAMEWORK_TENSORFLOW,
+    META_FORMAT,
+    META_VERSION,
+    TF_EVENT_DONE,
+    TF_EVENT_OP,
+    TF_EVENT_START,
+    TF_RANK_FORMAT,
+    TF_RANK_VERSION,
+    XPLANE_SUFFIX,
+    MetaKey,
+    TFRankKey,
+    rank_meta_name,
+    rank_trace_name,
+    rank_xplane_name,
+)
 from dpro.jsonio import write_json
-from dpro.profiler.config import RecordConfig
-from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
-from dpro.profiler.horovod_writer import idle_timeline_writer
-from dpro.profiler.tf_compile_probe import XlaProbe
-from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled
+from dpro.profiler.config import RecordConfig, measure_compile_enabled
+from dpro.profiler.horovod.runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod.writer import idle_timeline_writer
+from dpro.profiler.tensorflow.compile_probe import XlaProbe
 
 log = logging.getLogger(__name__)
 
 STEP_TRACE = "dpro_step"
-RANK_FORMAT = "dpro-tf-rank"
 #: an asynchronous kernel (IteratorGetNext, HorovodAllreduce...) is traced as a Start event on the
 #: executor thread and a Done event on the thread that completed it (stats: name, kernel_type)
-ASYNC_EVENTS = {"ExecutorState::ProcessAsync::Start": "start", "ExecutorState::ProcessAsync::Done": "done"}
+ASYNC_EVENTS = {"ExecutorState::ProcessAsync::Start": TF_EVENT_START, "ExecutorState::ProcessAsync::Done": TF_EVENT_DONE}
 #: tf.data's internal iterator events carry a type but are no graph ops
 SKIP_PREFIXES = ("Iterator::",)
 
@@ -125,12 +139,12 @@ class TFBackend:
         self.active = False
         self._hvd: Any = None
         self.writer = idle_timeline_writer("horovod.tensorflow")
-        self.xla_probe = XlaProbe(model) if compile_probe_enabled() else None
+        self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
             self.xla_probe.start()
 
     def keep_parked(self) -> None:
-        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
+        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
         if self.writer is not None:
             self.writer.keep_parked()
 
@@ -141,7 +155,7 @@ class TFBackend:
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                              device_tracer_level=1)
         if self.writer is not None:
-            self.writer.wake()  # parked outside the window (dpro.profiler.horovod_writer)
+            self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
         self._hvd = start_dynamic_timeline("horovod.tensorflow", self.config.out_dir)
         self.tf.profiler.experimental.start(self.logdir, options=opts)
         self.active = True
@@ -206,9 +220,9 @@ class TFBackend:
             out = self.config.out_dir
             out.mkdir(parents=True, exist_ok=True)
             assert self.logdir is not None
-            found = sorted(Path(self.logdir).rglob("*.xplane.pb"))
+            found = sorted(Path(self.logdir).rglob(f"*{XPLANE_SUFFIX}"))
             if not found:
-                raise RuntimeError(f"the TF profiler wrote no .xplane.pb under {self.logdir}")
+                raise RuntimeError(f"the TF profiler wrote no {XPLANE_SUFFIX} under {self.logdir}")
             xplane = found[-1]
             events = read_xspace(xplane)
             steps: dict[str, list[float]] = {}
@@ -220,47 +234,47 @@ class TFBackend:
                     ops.append([str(e.stats["name"]), str(e.stats.get("kernel_type") or ""), e.thread, e.ts, e.dur,
                                 ASYNC_EVENTS[e.name]])
                 elif e.op_type and not e.name.startswith(SKIP_PREFIXES):
-                    ops.append([e.node or e.name, e.op_type, e.thread, e.ts, e.dur, "op"])
+                    ops.append([e.node or e.name, e.op_type, e.thread, e.ts, e.dur, TF_EVENT_OP])
             graphs, hvd_order = self._graphs()
             if not graphs:
                 log.warning("dpro: no TF function graph was collected (was dpro.Recorder created after the step "
                             "function first ran?): the import will build a trace-only DFG")
-            shutil.copyfile(xplane, out / f".rank{rank}.xplane.pb.part")
-            os.replace(out / f".rank{rank}.xplane.pb.part", out / f"rank{rank}.xplane.pb")
-            write_json(out / f"rank{rank}.json.gz", {
-                "format": RANK_FORMAT,
-                "version": 1,
-                "rank": rank,
-                "clock": "unix-epoch-us",
-                "steps": steps,
-                "events": ops,
-                "graphs": graphs,
-                "horovod_ops": hvd_order,
+            shutil.copyfile(xplane, out / f".{rank_xplane_name(rank)}.part")
+            os.replace(out / f".{rank_xplane_name(rank)}.part", out / rank_xplane_name(rank))
+            write_json(out / rank_trace_name(rank), {
+                TFRankKey.FORMAT: TF_RANK_FORMAT,
+                TFRankKey.VERSION: TF_RANK_VERSION,
+                TFRankKey.RANK: rank,
+                TFRankKey.CLOCK: "unix-epoch-us",
+                TFRankKey.STEPS: steps,
+                TFRankKey.EVENTS: ops,
+                TFRankKey.GRAPHS: graphs,
+                TFRankKey.HOROVOD_OPS: hvd_order,
             })
             compiled = {}
             if self.xla_probe is not None:
                 log.warning("dpro: rank %d measuring its model under XLA (--measure-compile)", rank)
                 compiled = self.xla_probe.measure()
-            self.meta_path = out / f"rank{rank}.meta.json"
+            self.meta_path = out / rank_meta_name(rank)
             write_json(self.meta_path, {
-                "format": "dpro-rank-meta",
-                "version": 1,
-                "framework": "tensorflow",
-                "framework_version": self.tf.__version__,
-                "rank": rank,
-                "world_size": world,
-                "library": library,
-                "host": self.config.host,
-                "steps": self.steps,
-                "model": type(self.model).__name__,
-                "params": _variables(self.model),
-                **({"compile": compiled} if compiled else {}),
-                # wall µs of each call of the step function, warm-up and window (dpro.replayer.overhead)
-                "step_wall_us": list(getattr(self, "step_wall_us", [])),
-                # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
-                "horovod_writer_thread": self.writer.tid if self.writer is not None else None,
+                MetaKey.FORMAT: META_FORMAT,
+                MetaKey.VERSION: META_VERSION,
+                MetaKey.FRAMEWORK: FRAMEWORK_TENSORFLOW,
+                MetaKey.FRAMEWORK_VERSION: self.tf.__version__,
+                MetaKey.RANK: rank,
+                MetaKey.WORLD_SIZE: world,
+                MetaKey.LIBRARY: library,
+                MetaKey.HOST: self.config.host,
+                MetaKey.STEPS: self.steps,
+                MetaKey.MODEL: type(self.model).__name__,
+                MetaKey.PARAMS: _variables(self.model),
+                **({MetaKey.COMPILE: compiled} if compiled else {}),
+                # wall µs of each call of the step function, warm-up and window (dpro.graph.overhead)
+                MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
+                # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod.writer)
+                MetaKey.HOROVOD_WRITER_THREAD: self.writer.tid if self.writer is not None else None,
                 # the fusion settings it ran with (dpro.optimizer: Horovod's default is the job's own grouping)
-                **({"horovod_settings": settings_from_env()} if library == "horovod" else {}),
+                **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if library == "horovod" else {}),
             })
             log.info("dpro: rank %d wrote its trace to %s", rank, out)
         finally:

@@ -1,6 +1,6 @@
-"""MXNet 1.x (Gluon) recording: workers via ``mx.profiler``, PS servers via their updater.
+"""MXNet 1.x (Gluon) recording of a worker via ``mx.profiler``.
 
-Worker (:class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block):
+:class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block, records:
 
 * op times from ``mx.profiler`` (Chrome JSON, absolute µs on the epoch clock); when the
   window starts the recorder re-hybridizes the block with ``forward_bulk_size=0,
@@ -13,17 +13,12 @@ Worker (:class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block):
   the original);
 * step markers (wall clock, the same epoch µs clock), with ``mx.nd.waitall()`` at the end
   of every profiled step so that a step's asynchronous work stays inside its marker;
-* memory (:mod:`dpro.profiler.mxnet_memory`): the profiler also runs with
+* memory (:mod:`dpro.profiler.mxnet.memory`): the profiler also runs with
   ``profile_memory=True`` (the CPU storage counter), the ``gluon.Trainer`` objects that step
   in the window are noted, and the static arrays (parameters, gradients, worker-side
   optimizer state, BatchNorm statistics) go to ``rank<r>.meta.json["memory"]``.
 
-Server (:func:`run_ps_node`, what ``examples/mxnet/launch_local.py`` runs for the
-scheduler and the servers): MXNet's own server loop, with the optimizer's updater wrapped.
-In ``dist_sync`` with the update on the kvstore (Gluon's default for ``dist_*``), the
-server calls the updater for a key once every worker's push of it arrived; the wrapper
-times it (call, merged gradient ready, new weights ready), per key and per call. The
-server writes ``server<i>.kv.json`` into ``DPRO_TRACE_DIR`` when it exits.
+The parameter servers are recorded by :mod:`dpro.profiler.mxnet.server`.
 """
 
 from __future__ import annotations
@@ -32,24 +27,25 @@ import gzip
 import json
 import logging
 import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpro.profiler.config import ENV_DISABLE, ENV_OUT, ENV_STEPS, ENV_WARMUP, RecordConfig
-from dpro.profiler.mxnet_memory import TrainerWatch, static_facts
+from dpro.contracts.recording import (
+    ENV_MXNET_KEEP_BULKING,
+    FRAMEWORK_MXNET,
+    MetaKey,
+    rank_meta_name,
+    rank_trace_name,
+)
+from dpro.profiler.config import RecordConfig
+from dpro.profiler.mxnet.memory import TrainerWatch, static_facts
 
 log = logging.getLogger(__name__)
 
-SERVER_SUFFIX = ".kv.json"
 DEFAULT_BIGARRAY_BOUND = 1_000_000
-
-
-#: keep MXNet's operator bulking in the window (``dpro profile --mxnet-keep-bulking``)
-ENV_KEEP_BULKING = "DPRO_MXNET_KEEP_BULKING"
 
 
 def now_us() -> float:
@@ -97,7 +93,7 @@ class MXNetBackend:
     def _count_memory(self) -> None:
         """Start MXNet's storage counter now (profiler on, memory only), before the first
         forward: the warm-up's lasting allocations (deferred parameters, the engine's
-        temporary workspace, kvstore buffers) are then counted too (mxnet_memory)."""
+        temporary workspace, kvstore buffers) are then counted too (:mod:`dpro.importers.mxnet.memory`)."""
         mx = self.mx
         try:
             self._pre_static = int(static_facts(self.model, [])["static_bytes"])
@@ -115,11 +111,11 @@ class MXNetBackend:
         """Re-hybridize with operator bulking off (keeping the user's flags), so each op of
         the cached graph is its own profiler event.  Done when the window starts, not
         before: the warm-up runs bulked, at the unprofiled pace the overhead is measured
-        against (dpro.replayer.overhead); the window's first step rebuilds the graph.
+        against (dpro.graph.overhead); the window's first step rebuilds the graph.
 
         Not with ``DPRO_MXNET_KEEP_BULKING=1`` (``dpro profile --mxnet-keep-bulking``): the
         window then runs the job as the user does, and a bulked segment is one op."""
-        if os.environ.get(ENV_KEEP_BULKING, "") in ("1", "true", "yes"):
+        if os.environ.get(ENV_MXNET_KEEP_BULKING, "") in ("1", "true", "yes"):
             return
         model = self.model
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
@@ -167,7 +163,7 @@ class MXNetBackend:
             if info is None:
                 by_handle = by_handle or self._param_by_handle()
                 p = by_handle.get(arr.handle.value)
-                nbytes = int(arr.size) * _itemsize(arr.dtype)
+                nbytes = int(arr.size) * itemsize(arr.dtype)
                 info = self.keys[k] = _KeyInfo(k, p.name if p is not None else f"key{k}", nbytes,
                                                [int(x) for x in arr.shape], str(_dtype_name(arr.dtype)))
             if kind not in info.calls:
@@ -262,31 +258,31 @@ class MXNetBackend:
         kv = self._kv
         rank = int(kv.rank) if kv is not None else int(os.environ.get("DMLC_WORKER_ID", 0))
         out = self.config.out_dir
-        with open(prof, "rb") as f, gzip.open(out / f"rank{rank}.json.gz", "wb") as g:
+        with open(prof, "rb") as f, gzip.open(out / rank_trace_name(rank), "wb") as g:
             g.write(_with_header(f.read()))
         prof.unlink()
         self._tmp.rmdir()
         meta = {
-            "framework": "mxnet",
-            "framework_version": mx.__version__,
-            "rank": rank,
-            "world_size": int(kv.num_workers) if kv is not None else 1,
-            "kvstore": str(kv.type) if kv is not None else None,
-            "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
-            "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND)),
-            "host": self.config.host,
-            "pid": os.getpid(),
-            "steps": [{"step": s, "ts": t, "dur": d} for s, t, d in self.steps],
-            "keys": [vars(k) for k in sorted(self.keys.values(), key=lambda k: k.key)],
-            "params": [p.name for p in self.model.collect_params().values()],
-            "symbol": self._symbol_json(),
-            "memory": self._memory_facts(),
-            # the recorder's wall time of every step call, warm-up included (dpro.replayer.overhead)
-            "step_wall_us": list(getattr(self, "step_wall_us", [])),
+            MetaKey.FRAMEWORK: FRAMEWORK_MXNET,
+            MetaKey.FRAMEWORK_VERSION: mx.__version__,
+            MetaKey.RANK: rank,
+            MetaKey.WORLD_SIZE: int(kv.num_workers) if kv is not None else 1,
+            MetaKey.KVSTORE: str(kv.type) if kv is not None else None,
+            MetaKey.NUM_SERVERS: int(os.environ.get("DMLC_NUM_SERVER", "0")),
+            MetaKey.BIGARRAY_BOUND: int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND)),
+            MetaKey.HOST: self.config.host,
+            MetaKey.PID: os.getpid(),
+            MetaKey.STEPS: [{"step": s, "ts": t, "dur": d} for s, t, d in self.steps],
+            MetaKey.KEYS: [vars(k) for k in sorted(self.keys.values(), key=lambda k: k.key)],
+            MetaKey.PARAMS: [p.name for p in self.model.collect_params().values()],
+            MetaKey.SYMBOL: self._symbol_json(),
+            MetaKey.MEMORY: self._memory_facts(),
+            # the recorder's wall time of every step call, warm-up included (dpro.graph.overhead)
+            MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
             # how the window ran the job differently (the overhead then counts both ways)
-            "window_changes_job": self.window_change,
+            MetaKey.WINDOW_CHANGES_JOB: self.window_change,
         }
-        self.meta_path = out / f"rank{rank}.meta.json"
+        self.meta_path = out / rank_meta_name(rank)
         self.meta_path.write_text(json.dumps(meta))
         log.info("dpro: wrote rank %d's MXNet trace to %s", rank, out)
         self._rebulk()
@@ -303,7 +299,8 @@ def _with_header(doc: bytes) -> bytes:
     return doc
 
 
-def _itemsize(dtype: Any) -> int:
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of a NumPy / MXNet dtype."""
     import numpy as np
 
     return int(np.dtype(dtype).itemsize)
@@ -313,87 +310,3 @@ def _dtype_name(dtype: Any) -> str:
     import numpy as np
 
     return np.dtype(dtype).name
-
-
-# -- parameter-server nodes ---------------------------------------------------------------
-@dataclass
-class ServerRecorder:
-    """Times every updater call of one PS server (all calls; the collector picks steps)."""
-
-    out_dir: Path | None
-    calls: dict[int, int] = field(default_factory=dict)
-    records: list[list[float]] = field(default_factory=list)
-    rank: int = -1
-
-    def wrap(self, updater: Any) -> Any:
-        def timed(key: int, merged: Any, stored: Any) -> None:
-            t0 = now_us()
-            merged.wait_to_read()
-            t1 = now_us()
-            updater(key, merged, stored)
-            stored.wait_to_read()
-            t2 = now_us()
-            i = self.calls.get(key, 0)
-            self.calls[key] = i + 1
-            self.records.append([int(key), i, t0, t1, t2, int(stored.size) * _itemsize(stored.dtype)])
-
-        return timed
-
-    def write(self, rank: int, num_workers: int) -> None:
-        if self.out_dir is None:
-            return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "framework": "mxnet", "role": "server", "rank": rank, "num_workers": num_workers,
-            "host": os.environ.get("DPRO_HOST") or socket.gethostname(), "pid": os.getpid(),
-            "warmup": int(os.environ.get(ENV_WARMUP, 0) or 0), "steps": int(os.environ.get(ENV_STEPS, 0) or 0),
-            "columns": ["key", "call", "ts_call", "ts_merged", "ts_end", "bytes"],
-            "updates": self.records,
-        }
-        (self.out_dir / f"server{rank}{SERVER_SUFFIX}").write_text(json.dumps(doc))
-
-
-def run_ps_node() -> None:
-    """Run this process as the PS scheduler or server (``DMLC_ROLE``), with update timing.
-
-    ``import mxnet`` on a server/scheduler normally runs MXNet's server loop right away;
-    here the role is hidden during the import and the loop is started with a controller
-    that wraps the optimizer's updater (the same commands as MXNet's own controller).
-    """
-    # MXNet's own server protocol: the workers send the optimizer pickled, and MXNet's
-    # KVStoreServer unpickles it the same way. This is the live job's control channel, not
-    # trace input (dpro never unpickles anything it reads from a trace).
-    import pickle
-
-    role = os.environ.get("DMLC_ROLE", "")
-    if role not in ("server", "scheduler"):
-        raise SystemExit(f"run_ps_node: DMLC_ROLE must be server or scheduler, not {role!r}")
-    os.environ["DMLC_ROLE"] = "worker"
-    try:
-        import mxnet as mx
-        from mxnet.kvstore.kvstore_server import KVStoreServer
-    finally:
-        os.environ["DMLC_ROLE"] = role
-    enabled = bool(os.environ.get(ENV_OUT)) and os.environ.get(ENV_DISABLE, "") not in ("1", "true", "yes")
-    rec = ServerRecorder(Path(os.environ[ENV_OUT]) if enabled else None)
-    kv = mx.kv.create("dist")
-
-    class _Server(KVStoreServer):
-        def _controller(self):  # type: ignore[no-untyped-def]
-            def ctl(cmd_id: int, cmd_body: bytes, _: Any) -> None:
-                if cmd_id == 0:
-                    rec.rank = int(self.kvstore.rank)  # only while the server runs
-                    # MXNet's own protocol, as in its KVStoreServer: the job's workers send their
-                    # optimizer pickled (kv.set_optimizer) to the live server; never trace input
-                    opt = pickle.loads(cmd_body)
-                    self.kvstore._set_updater(rec.wrap(mx.optimizer.get_updater(opt)))
-                else:
-                    log.warning("server %d: unknown command %d", self.kvstore.rank, cmd_id)
-            return ctl
-
-    _Server(kv).run()
-    if role == "server" and enabled:
-        if rec.rank < 0:
-            log.warning("dpro: this server never received an optimizer (update_on_kvstore off?): no server timing")
-            return
-        rec.write(rec.rank, int(os.environ.get("DMLC_NUM_WORKER", "0")))

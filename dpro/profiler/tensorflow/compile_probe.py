@@ -2,7 +2,7 @@
 and the same function with ``jit_compile=True``.
 
 Opt-in, as for PyTorch (``dpro profile --measure-compile`` or ``DPRO_MEASURE_COMPILE=1``;
-:mod:`dpro.profiler.torch_compile_probe`). From the recorder's creation, the model's
+:mod:`dpro.profiler.pytorch.compile_probe`). From the recorder's creation, the model's
 ``call`` is wrapped to keep the static shape and dtype of its first input (seen when the
 step function is traced, before the window); after the window, inputs of that signature
 (normal floats, zero ids) go through the model with ``training=True`` and the gradients

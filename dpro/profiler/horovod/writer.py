@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpro.contracts.recording import ENV_HOROVOD_PARK, ENV_HOROVOD_TIMELINE, HOROVOD_TIMELINE_DYNAMIC
+
 log = logging.getLogger(__name__)
 
 PROBE_S = 0.05
@@ -63,7 +65,6 @@ PARK_SIG = signal.SIGRTMIN + 2
 WAKE_SIG = signal.SIGRTMIN + 3
 #: re-park this often while the job runs (before the sleep ends by itself)
 REPARK_S = 20.0
-ENV_PARK = "DPRO_HOROVOD_PARK"
 #: wake-up signals sent, 1 ms apart, until the writer is seen running
 WAKE_TRIES = 50
 #: how many more bytes than the file's size the writer may have written in a probe
@@ -106,7 +107,7 @@ def writer_thread(probes: list[set[int]]) -> int | None:
 def find_timeline_writer(hvd: Any) -> int | None:
     """Thread id of Horovod's timeline writer in this process, or None (not the coordinator,
     no dynamic timeline, or not found)."""
-    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC" or not sys.platform.startswith("linux"):
+    if os.environ.get(ENV_HOROVOD_TIMELINE) != HOROVOD_TIMELINE_DYNAMIC or not sys.platform.startswith("linux"):
         return None
     try:
         if not hvd.is_initialized() or hvd.rank() != 0:
@@ -233,7 +234,7 @@ def idle_timeline_writer(module: str) -> TimelineWriter | None:
                     "priority (%s): expect a slower job", e)
         return None
     writer = TimelineWriter(tid, module)
-    if os.environ.get(ENV_PARK, "1") not in ("0", "false", "no"):
+    if os.environ.get(ENV_HOROVOD_PARK, "1") not in ("0", "false", "no"):
         _make_parkable(writer, hvd)
     log.info("dpro: Horovod's timeline writer (thread %d) now runs at idle priority%s (it spins for the whole "
              "job while HOROVOD_TIMELINE is set)", tid, " and is parked outside the window" if writer.parkable else "")

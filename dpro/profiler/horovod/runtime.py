@@ -1,7 +1,7 @@
 """Horovod inside a recorded job: the timeline `dpro profile` asks for (dynamic, so that only
 the profiling window is written) and the fusion settings the job runs with. The recorders
-(:mod:`dpro.profiler.torch_backend`, :mod:`dpro.profiler.tf_backend`) call these;
-:mod:`dpro.profiler.horovod` reads what they left."""
+(:mod:`dpro.profiler.pytorch.backend`, :mod:`dpro.profiler.tensorflow.backend`) call these;
+:mod:`dpro.importers.horovod.atoms` reads what they left."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dpro.contracts.recording import ENV_HOROVOD_TIMELINE, HOROVOD_TIMELINE_DYNAMIC, TIMELINE_NAME
+
 log = logging.getLogger(__name__)
 
-#: the file `dpro profile` asks Horovod (HOROVOD_TIMELINE) to write in the recording dir
-TIMELINE_NAME = "horovod_timeline.json"
 #: Horovod's fusion settings; a rank's meta records those set (``horovod_settings``): none set
 #: means the job ran with Horovod's default fusion, so its own grouping is that default
 SETTINGS_ENV = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
@@ -34,7 +34,7 @@ def start_dynamic_timeline(module: str, out_dir: Path) -> Any | None:
     None. Outside the window Horovod then records nothing (a timeline for the whole run
     costs ~14 % per step here).
     """
-    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
+    if os.environ.get(ENV_HOROVOD_TIMELINE) != HOROVOD_TIMELINE_DYNAMIC:
         return None
     hvd = sys.modules.get(module)
     if hvd is None:

@@ -1,14 +1,11 @@
-"""What the PyTorch recorder keeps for memory estimation (dpro/replayer/memory.py).
+"""What the PyTorch recorder keeps, in the rank process, for memory estimation (dpro/replayer/memory.py).
 
-Two halves:
-
-* in the rank process, :class:`MemoryWatch` (started and stopped with the profiling
-  window by ``torch_backend.py``) finds the job's optimizers and the tensors that live
-  across iterations — parameters, gradients, optimizer state, module buffers — and
-  writes them to ``rank<r>.meta.json`` under ``"memory"`` (:meth:`MemoryWatch.facts`);
-* at collect time, :func:`attach_allocations` reads torch.profiler's allocation events
-  (``profile_memory=True``) of the rank's trace and attributes each block to the DFG op
-  that allocated it and the op that freed it (``nt.meta["memory"]``).
+:class:`MemoryWatch` (started and stopped with the profiling window by
+:mod:`dpro.profiler.pytorch.backend`) finds the job's optimizers and the tensors that live
+across iterations — parameters, gradients, optimizer state, module buffers — and writes
+them to ``rank<r>.meta.json`` under ``"memory"`` (:meth:`MemoryWatch.facts`). The
+allocations of the window are attributed to ops offline
+(:mod:`dpro.importers.recording.allocations`).
 
 **How the optimizer is found.** During the window a global
 ``torch.optim.Optimizer`` step pre-hook (``register_optimizer_step_pre_hook``) notes every
@@ -29,30 +26,12 @@ a freed gradient's address to the next one); storages shared by several (DDP's
 
 from __future__ import annotations
 
-import bisect
 import gc
-import gzip
-import logging
 import weakref
-from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
-
-from dpro.errors import DproInputError
-
-if TYPE_CHECKING:
-    from dpro.gtrace.schema import NodeTrace
-
-log = logging.getLogger(__name__)
-
-#: the key of the memory facts in rank<r>.meta.json and in a node's DFG ``meta``
-META_KEY = "memory"
-FORMAT_VERSION = 1
-#: kinds of static storage
-KINDS = ("params", "grads", "optimizer_state", "buffers")
+from dpro.contracts.recording import MEMORY_STATIC_KINDS, MEMORY_VERSION
 
 
 def _storage(t: Any) -> tuple[int, int] | None:
@@ -213,7 +192,7 @@ class MemoryWatch:
 
     def facts(self, buckets: list[dict] | None = None) -> dict:
         """What goes into ``rank<r>.meta.json["memory"]`` (bytes)."""
-        static = {k: 0 for k in KINDS}
+        static = {k: 0 for k in MEMORY_STATIC_KINDS}
         for ptr, h in self._at_stop.items():
             first = self._at_start.get(ptr)
             if first is not None and first.same_as(ptr, h):
@@ -225,7 +204,7 @@ class MemoryWatch:
         bucket_bytes = sum(int(b.get("bytes", 0)) for b in buckets or [])
         static["ddp_buckets"] = 0 if views else bucket_bytes
         return {
-            "version": FORMAT_VERSION,
+            "version": MEMORY_VERSION,
             "static": static,
             "static_bytes": sum(static.values()),
             "param_bytes": sum(p.numel() * p.element_size() for p in self.inner.parameters()),
@@ -234,133 +213,3 @@ class MemoryWatch:
             "ddp_bucket_bytes": bucket_bytes,
             "optimizers": [optimizer_facts(o) for o in self.optimizers],
         }
-
-
-# ==================================================================== collect time
-@dataclass
-class _Block:
-    bytes: int
-    op: str
-    step: int
-    freed_by: str | None = None
-    freed_step: int | None = None
-
-
-def _memory_events(raw: dict, path: Path) -> tuple[object, list[tuple[float, object, int, int]]]:
-    """(main thread id, [(ts, tid, bytes ±, addr)]) of a Kineto trace, in time order."""
-    evs = raw.get("traceEvents") if isinstance(raw, dict) else None
-    if not isinstance(evs, list):
-        raise DproInputError(path, "not a Chrome trace (no traceEvents list)")
-    main = None
-    out = []
-    for e in evs:
-        if not isinstance(e, dict):
-            continue
-        if main is None and e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
-            main = e.get("tid")
-        if e.get("name") == "[memory]":
-            a = e.get("args") or {}
-            try:
-                if int(a.get("Device Type", 0)) != 0:  # CPU only here; CUDA memory is another device
-                    continue
-                out.append((float(e["ts"]), e.get("tid"), int(a["Bytes"]), int(a["Addr"])))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                raise DproInputError(path, f"a [memory] event (ts {e.get('ts')!r}) lacks a numeric ts, Bytes or Addr") from None
-    out.sort(key=lambda x: x[0])
-    return main, out
-
-
-def attach_allocations(nt: "NodeTrace", rank_file: Path, facts: dict | None = None) -> dict | None:
-    """Attribute the rank's recorded allocations to its DFG ops; store in ``nt.meta["memory"]``.
-
-    Each allocation belongs to the op on the main thread that runs when it happens, or to
-    the next op when it happens in the host gap before that op (the replayer charges the
-    gap to the op). Per op, over the analysed steps (every step of the window but the
-    first, whose frees of blocks allocated before the window are invisible):
-
-    * ``peak``: the highest the live bytes rise above their level at the op's start while
-      it runs (its own temporaries included), mean over steps;
-    * ``alloc`` / ``free``: bytes it allocates that outlive it / it frees, mean over steps;
-    * ``lifetimes``: ``[producer op, releaser op or null, bytes]`` for blocks that outlive
-      their op (``null``: not freed before the window ended);
-    * ``carry_in``: bytes allocated in an earlier step still live when a step starts.
-
-    Returns the memory dict, or None when the trace holds no allocation events.
-    """
-    try:
-        with gzip.open(rank_file, "rb") as f:
-            data = f.read()
-    except OSError:
-        data = Path(rank_file).read_bytes()
-    try:
-        raw = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise DproInputError(rank_file, f"not valid JSON ({e})") from None
-    main, mem = _memory_events(raw, Path(rank_file))
-    del raw, data
-    out = dict(facts or nt.meta.get(META_KEY) or {})
-    if not mem:
-        return None
-    main_dev = "cpu:main"
-    ops = sorted((e for e in nt.events if nt.ops.get(e.op) is not None and nt.ops[e.op].device == main_dev),
-                 key=lambda e: e.ts)
-    ends = [e.ts + e.dur for e in ops]
-    steps = sorted(nt.steps)
-    analysed = steps[1:] if len(steps) > 1 else steps
-    live: dict[int, _Block] = {}
-    per_op_events: dict[tuple[str, int], list[int]] = defaultdict(list)  # (op, step) -> [± bytes]
-    lifetimes: dict[tuple[str, str | None], int] = defaultdict(int)
-    alloc: dict[str, int] = defaultdict(int)
-    free: dict[str, int] = defaultdict(int)
-    unattributed = 0
-    blocks: list[_Block] = []
-    for ts, tid, nbytes, addr in mem:
-        i = bisect.bisect_left(ends, ts)
-        if tid != main or i >= len(ops):
-            unattributed += abs(nbytes) if nbytes > 0 else 0
-            if nbytes < 0:
-                live.pop(addr, None)
-            continue
-        ev = ops[i]
-        if nbytes > 0:
-            b = _Block(nbytes, ev.op, ev.step)
-            live[addr] = b
-            blocks.append(b)
-            per_op_events[(ev.op, ev.step)].append(nbytes)
-        else:
-            b = live.pop(addr, None)
-            if b is None:
-                continue
-            b.freed_by, b.freed_step = ev.op, ev.step
-            per_op_events[(ev.op, ev.step)].append(-b.bytes)
-    sel = set(analysed)
-    n = max(1, len(sel))
-    for b in blocks:
-        if b.step in sel and not (b.freed_by == b.op and b.freed_step == b.step):
-            alloc[b.op] += b.bytes
-            lifetimes[(b.op, b.freed_by)] += b.bytes
-        if b.freed_step in sel and not (b.freed_by == b.op and b.freed_step == b.step):
-            free[b.freed_by] += b.bytes  # type: ignore[index]
-    carry = 0
-    for s in analysed:
-        carry += sum(b.bytes for b in blocks if b.step < s and (b.freed_step is None or b.freed_step >= s))
-    peak: dict[str, float] = defaultdict(float)
-    for (op, s), deltas in per_op_events.items():
-        if s in sel:
-            run = top = 0
-            for d in deltas:
-                run += d
-                top = max(top, run)
-            peak[op] += top
-    names = set(alloc) | set(free) | set(peak)
-    out.update({
-        "version": FORMAT_VERSION,
-        "steps": analysed,
-        "carry_in": int(round(carry / n)),
-        "ops": {op: {"peak": int(round(peak[op] / n)), "alloc": int(round(alloc[op] / n)),
-                     "free": int(round(free[op] / n))} for op in sorted(names)},
-        "lifetimes": [[a, b, int(round(v / n))] for (a, b), v in sorted(lifetimes.items(), key=lambda x: (x[0][0], x[0][1] or ""))],
-        "unattributed_bytes": int(round(unattributed / n)),
-    })
-    nt.meta[META_KEY] = out
-    return out

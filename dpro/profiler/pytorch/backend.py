@@ -24,14 +24,23 @@ from typing import Any
 
 import torch
 
-from dpro.importers.kineto.segments import BUCKET_PREFIX, LAYER_PREFIX
+from dpro.contracts.recording import (
+    BUCKET_PREFIX,
+    FRAMEWORK_PYTORCH,
+    LAYER_PREFIX,
+    META_FORMAT,
+    META_VERSION,
+    TORCH_STEP_PREFIX,
+    MetaKey,
+    rank_meta_name,
+    rank_trace_name,
+)
 from dpro.jsonio import write_json
-from dpro.profiler.config import RecordConfig
-from dpro.profiler.horovod_runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
-from dpro.profiler.horovod_writer import idle_timeline_writer
-from dpro.profiler.torch_compile_probe import CompileProbe
-from dpro.profiler.torch_compile_probe import enabled as compile_probe_enabled
-from dpro.profiler.torch_memory import MemoryWatch
+from dpro.profiler.config import RecordConfig, measure_compile_enabled
+from dpro.profiler.horovod.runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
+from dpro.profiler.horovod.writer import idle_timeline_writer
+from dpro.profiler.pytorch.compile_probe import CompileProbe
+from dpro.profiler.pytorch.memory import MemoryWatch
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +91,7 @@ class TorchBackend:
         self.steps: list[int] = []
         self._hvd: Any = None
         self.memory = MemoryWatch(model)
-        self.compile_probe = CompileProbe(self.inner) if compile_probe_enabled() else None
+        self.compile_probe = CompileProbe(self.inner) if measure_compile_enabled() else None
         if self.compile_probe is not None:
             self.compile_probe.start()  # before the window: its input copies are not profiled
         self._install_comm_hook()
@@ -144,7 +153,7 @@ class TorchBackend:
         self.hooks.clear()
 
     def keep_parked(self) -> None:
-        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod_writer)."""
+        """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
         if self.writer is not None:
             self.writer.keep_parked()
 
@@ -159,7 +168,7 @@ class TorchBackend:
         if self.writer is None:  # the Recorder was made before hvd.init()
             self.writer = idle_timeline_writer("horovod.torch")
         if self.writer is not None:
-            self.writer.wake()  # parked outside the window (dpro.profiler.horovod_writer)
+            self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
         self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
         self.memory.start()
         self.prof = profile(activities=acts, record_shapes=True, profile_memory=True)
@@ -168,7 +177,7 @@ class TorchBackend:
 
     def step_begin(self, step: int) -> object:
         self.steps.append(step)
-        rf = torch.profiler.record_function(f"ProfilerStep#{step}")
+        rf = torch.profiler.record_function(f"{TORCH_STEP_PREFIX}{step}")
         rf.__enter__()
         return rf
 
@@ -203,10 +212,10 @@ class TorchBackend:
         with tempfile.TemporaryDirectory(prefix="dpro-") as tmp:
             raw = Path(tmp) / "trace.json"
             self.prof.export_chrome_trace(str(raw))
-            part = out / f".rank{rank}.json.gz.part"
+            part = out / f".{rank_trace_name(rank)}.part"
             with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
                 shutil.copyfileobj(fin, fout)
-            os.replace(part, out / f"rank{rank}.json.gz")
+            os.replace(part, out / rank_trace_name(rank))
         params = [
             {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
              "bytes": p.numel() * p.element_size(), "requires_grad": p.requires_grad}
@@ -216,30 +225,30 @@ class TorchBackend:
         if self.compile_probe is not None:
             log.warning("dpro: rank %d measuring its blocks under torch.compile (--measure-compile)", rank)
             compiled = self.compile_probe.measure()
-        self.meta_path = out / f"rank{rank}.meta.json"
+        self.meta_path = out / rank_meta_name(rank)
         write_json(self.meta_path, {
-            "format": "dpro-rank-meta",
-            "version": 1,
-            "framework": "pytorch",
-            "framework_version": torch.__version__,
-            "rank": rank,
-            "world_size": world,
-            "library": backend,
-            "host": self.config.host,
-            "steps": self.steps,
-            "ddp": type(self.model).__name__ == "DistributedDataParallel",
-            "params": params,
-            "buckets": [self.buckets[k] for k in sorted(self.buckets)],
-            "memory": self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
-            **({"compile": compiled} if compiled else {}),
-            # the rank's CPUs and the computation's threads (dpro.optimizer.contention)
-            "cpu": {"cores": _cores(), "threads": torch.get_num_threads()},
-            # wall µs of each call of the step function, warm-up and window (dpro.profiler.overhead)
-            "step_wall_us": list(getattr(self, "step_wall_us", [])),
-            # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod_writer)
-            "horovod_writer_thread": self.writer.tid if self.writer is not None else None,
+            MetaKey.FORMAT: META_FORMAT,
+            MetaKey.VERSION: META_VERSION,
+            MetaKey.FRAMEWORK: FRAMEWORK_PYTORCH,
+            MetaKey.FRAMEWORK_VERSION: torch.__version__,
+            MetaKey.RANK: rank,
+            MetaKey.WORLD_SIZE: world,
+            MetaKey.LIBRARY: backend,
+            MetaKey.HOST: self.config.host,
+            MetaKey.STEPS: self.steps,
+            MetaKey.DDP: type(self.model).__name__ == "DistributedDataParallel",
+            MetaKey.PARAMS: params,
+            MetaKey.BUCKETS: [self.buckets[k] for k in sorted(self.buckets)],
+            MetaKey.MEMORY: self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
+            **({MetaKey.COMPILE: compiled} if compiled else {}),
+            # the rank's CPUs and the computation's threads (dpro.replayer.cpu_contention)
+            MetaKey.CPU: {"cores": _cores(), "threads": torch.get_num_threads()},
+            # wall µs of each call of the step function, warm-up and window (dpro.graph.overhead)
+            MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
+            # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod.writer)
+            MetaKey.HOROVOD_WRITER_THREAD: self.writer.tid if self.writer is not None else None,
             # the fusion settings it ran with (dpro.optimizer: Horovod's default is the job's own grouping)
-            **({"horovod_settings": settings_from_env()} if backend == "horovod" else {}),
+            **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if backend == "horovod" else {}),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self.prof = None

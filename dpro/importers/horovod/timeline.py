@@ -128,17 +128,9 @@ class TensorOp:
         return next((p for p in self.phases if p.name.startswith(NEGOTIATE_PREFIX)), None)
 
     @property
-    def comm_phases(self) -> list[Phase]:
-        return [p for p in self.phases if p.is_comm]
-
-    @property
     def comm(self) -> Phase | None:
         """The (first) communication phase, e.g. ``GLOO_ALLREDUCE``."""
         return next((p for p in self.phases if p.is_comm), None)
-
-    def phase(self, name: str) -> Phase | None:
-        """The first phase called ``name``."""
-        return next((p for p in self.phases if p.name == name), None)
 
     @property
     def size_bytes(self) -> int | None:

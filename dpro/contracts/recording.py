@@ -1,0 +1,220 @@
+"""The raw recording of `dpro profile`: what the job's ranks write and the importers read.
+
+`dpro profile` (:mod:`dpro.profiler.launcher`) runs the job with the ``ENV_*`` variables
+below set; the recorder in each process (:mod:`dpro.profiler`) writes its part into the
+recording directory (``ENV_TRACE_DIR``), which ends up in ``OUTPUT/raw``
+(:data:`RAW_DIR`); :mod:`dpro.importers.recording` turns that directory into a gTrace.
+One recording directory holds:
+
+* ``rank<r>.json.gz`` (:func:`rank_trace_name`): the rank's trace: a torch.profiler Chrome
+  trace (PyTorch), a ``{"format": TF_RANK_FORMAT, ...}`` document (TensorFlow,
+  :class:`TFRankKey`) or an ``mx.profiler`` Chrome trace (MXNet);
+* ``rank<r>.meta.json`` (:func:`rank_meta_name`): what the recorder knows besides the
+  trace (:class:`MetaKey`);
+* ``rank<r>.xplane.pb`` (TensorFlow): the TF profiler's own output, kept as recorded;
+* ``horovod_timeline.json`` (:data:`TIMELINE_NAME`, Horovod jobs, rank 0's host);
+* ``server<i>.kv.json`` (:func:`server_file_name`, MXNet parameter servers, :class:`ServerKey`);
+* ``nccl/nccl_rank*.jsonl`` (:data:`NCCL_DIR`, when dpro's NCCL profiler plugin was loaded).
+
+Every name here is used by both sides; nested structures are documented where they are
+written (:mod:`dpro.profiler.pytorch.backend`, :mod:`dpro.profiler.tensorflow.backend`,
+:mod:`dpro.profiler.mxnet.backend`, :mod:`dpro.profiler.mxnet.server`).
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------------------- environment
+
+#: where each rank writes its part of the recording (`dpro profile` sets it; default ``./dpro_traces``)
+ENV_TRACE_DIR = "DPRO_TRACE_DIR"
+#: calls of the step function before the profiling window
+ENV_WARMUP = "DPRO_WARMUP"
+#: calls of the step function profiled
+ENV_STEPS = "DPRO_STEPS"
+#: calls timed after the window (the unprofiled pace, ``MetaKey.STEP_WALL_AFTER_US``)
+ENV_AFTER_STEPS = "DPRO_AFTER_STEPS"
+#: the host name recorded (default: the machine's)
+ENV_HOST = "DPRO_HOST"
+#: ``1``/``true``/``yes``: the recorder records nothing
+ENV_DISABLE = "DPRO_DISABLE"
+#: ``1``/``true``/``yes``: time the model's blocks compiled after the window (``--measure-compile``)
+ENV_MEASURE_COMPILE = "DPRO_MEASURE_COMPILE"
+#: seconds the compile measurement may take per rank
+ENV_COMPILE_BUDGET_S = "DPRO_COMPILE_BUDGET_S"
+#: ``1``/``true``/``yes``: MXNet keeps operator bulking in the window (``--mxnet-keep-bulking``)
+ENV_MXNET_KEEP_BULKING = "DPRO_MXNET_KEEP_BULKING"
+#: ``0``/``false``/``no``: Horovod's timeline writer is idled but not parked between uses
+ENV_HOROVOD_PARK = "DPRO_HOROVOD_PARK"
+#: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
+ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"
+#: where the NCCL plugin writes (read by the plugin, native/nccl_patch)
+ENV_NCCL_TRACE_DIR = "DPRO_NCCL_TRACE_DIR"
+#: Horovod's own: where its timeline goes; `dpro profile` sets it to :data:`HOROVOD_TIMELINE_DYNAMIC`
+ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
+#: the recorder starts Horovod's timeline for the profiling window only
+HOROVOD_TIMELINE_DYNAMIC = "DYNAMIC"
+
+# ----------------------------------------------------------------------------- files
+
+#: where `dpro profile` keeps the recording, inside its output gTrace directory
+RAW_DIR = "raw"
+RANK_PREFIX = "rank"
+#: a rank's trace
+TRACE_SUFFIX = ".json.gz"
+#: a rank's metadata
+META_SUFFIX = ".meta.json"
+#: a TensorFlow rank's profiler output
+XPLANE_SUFFIX = ".xplane.pb"
+RANK_TRACE_GLOB = f"{RANK_PREFIX}*{TRACE_SUFFIX}"
+RANK_META_GLOB = f"{RANK_PREFIX}*{META_SUFFIX}"
+#: the Horovod timeline `dpro profile` asks Horovod to write in the recording directory
+TIMELINE_NAME = "horovod_timeline.json"
+#: an MXNet parameter server's update timing
+SERVER_PREFIX = "server"
+SERVER_SUFFIX = ".kv.json"
+SERVER_GLOB = f"{SERVER_PREFIX}*{SERVER_SUFFIX}"
+#: the NCCL plugin's output directory and files
+NCCL_DIR = "nccl"
+NCCL_TRACE_GLOB = "nccl_rank*.jsonl"
+
+
+def rank_stem(rank: int) -> str:
+    """``rank<r>``: the stem of every file of rank ``r``."""
+    return f"{RANK_PREFIX}{rank}"
+
+
+def rank_trace_name(rank: int) -> str:
+    """``rank<r>.json.gz``."""
+    return f"{RANK_PREFIX}{rank}{TRACE_SUFFIX}"
+
+
+def rank_meta_name(rank: int) -> str:
+    """``rank<r>.meta.json``."""
+    return f"{RANK_PREFIX}{rank}{META_SUFFIX}"
+
+
+def rank_xplane_name(rank: int) -> str:
+    """``rank<r>.xplane.pb``."""
+    return f"{RANK_PREFIX}{rank}{XPLANE_SUFFIX}"
+
+
+def server_file_name(rank: int) -> str:
+    """``server<i>.kv.json``."""
+    return f"{SERVER_PREFIX}{rank}{SERVER_SUFFIX}"
+
+
+# ----------------------------------------------------------------------------- contents
+
+#: ``format`` / ``version`` of a PyTorch or TensorFlow rank's meta.json (MXNet writes neither)
+META_FORMAT = "dpro-rank-meta"
+META_VERSION = 1
+#: ``format`` / ``version`` of a TensorFlow rank's trace
+TF_RANK_FORMAT = "dpro-tf-rank"
+TF_RANK_VERSION = 1
+#: the kinds of a TensorFlow event (``TFRankKey.EVENTS``): an op, or the two halves of an
+#: asynchronous kernel (its Start on the executor thread, its Done where it completed)
+TF_EVENT_OP = "op"
+TF_EVENT_START = "start"
+TF_EVENT_DONE = "done"
+#: ``MetaKey.FRAMEWORK`` values
+FRAMEWORK_PYTORCH = "pytorch"
+FRAMEWORK_TENSORFLOW = "tensorflow"
+FRAMEWORK_MXNET = "mxnet"
+#: version of the memory facts (``MetaKey.MEMORY``; the importers keep them under the same key
+#: in a node's DFG ``meta``, docs/memory.md)
+MEMORY_VERSION = 1
+#: the kinds of static storage the memory facts count (``memory["static"]``)
+MEMORY_STATIC_KINDS = ("params", "grads", "optimizer_state", "buffers")
+
+#: torch.profiler annotations the PyTorch recorder adds: each module's forward and each DDP bucket's
+#: all-reduce (read by :mod:`dpro.importers.kineto`)
+LAYER_PREFIX = "dpro.layer::"
+BUCKET_PREFIX = "dpro.bucket::"
+#: the annotation around each profiled call (torch.profiler's own step marker's name)
+TORCH_STEP_PREFIX = "ProfilerStep#"
+
+
+class MetaKey:
+    """Top-level keys of ``rank<r>.meta.json``."""
+
+    FORMAT = "format"
+    VERSION = "version"
+    #: ``pytorch``, ``tensorflow`` or ``mxnet``: which importer reads the recording
+    FRAMEWORK = "framework"
+    FRAMEWORK_VERSION = "framework_version"
+    RANK = "rank"
+    WORLD_SIZE = "world_size"
+    #: the communication library (``gloo``, ``nccl``, ``horovod``, ``grpc``...)
+    LIBRARY = "library"
+    HOST = "host"
+    #: the profiled calls (PyTorch, TensorFlow: their numbers; MXNet: ``{step, ts, dur}`` each)
+    STEPS = "steps"
+    #: the trainable parameters (PyTorch, TensorFlow: ``{name, shape, dtype, bytes, requires_grad}``
+    #: each; MXNet: their names)
+    PARAMS = "params"
+    #: static memory facts (PyTorch, MXNet; version :data:`MEMORY_VERSION`)
+    MEMORY = "memory"
+    #: eager vs compiled times of the model's blocks (``--measure-compile``)
+    COMPILE = "compile"
+    #: wall µs of each call of the step function, warm-up and window
+    STEP_WALL_US = "step_wall_us"
+    #: wall µs of the calls after the window (added by the recorder once they ran)
+    STEP_WALL_AFTER_US = "step_wall_after_us"
+    #: CPU µs of the process and the training thread over those calls
+    CPU_AFTER_US = "cpu_after_us"
+    #: the rank's CPUs and the computation's threads
+    CPU = "cpu"
+    #: thread id of Horovod's timeline writer, idled by the recorder, or null
+    HOROVOD_WRITER_THREAD = "horovod_writer_thread"
+    #: Horovod's fusion settings the job ran with (the environment variables set)
+    HOROVOD_SETTINGS = "horovod_settings"
+    # PyTorch
+    DDP = "ddp"
+    #: DDP buckets: ``{index, bytes, params}`` each
+    BUCKETS = "buckets"
+    # TensorFlow
+    MODEL = "model"
+    # MXNet
+    KVSTORE = "kvstore"
+    NUM_SERVERS = "num_servers"
+    BIGARRAY_BOUND = "bigarray_bound"
+    PID = "pid"
+    #: kvstore keys: ``{key, name, bytes, shape, dtype, calls}`` each
+    KEYS = "keys"
+    #: the hybridized block's symbol (``tojson()``)
+    SYMBOL = "symbol"
+    #: how the window ran the job differently from the user's steps, or null
+    WINDOW_CHANGES_JOB = "window_changes_job"
+
+
+class TFRankKey:
+    """Top-level keys of a TensorFlow rank's ``rank<r>.json.gz``."""
+
+    FORMAT = "format"
+    VERSION = "version"
+    RANK = "rank"
+    CLOCK = "clock"
+    #: step number -> ``[ts, dur]`` (µs)
+    STEPS = "steps"
+    #: ``[node, op type, thread, ts, dur, kind]`` each
+    EVENTS = "events"
+    #: the executed partition graphs: lists of ``{name, op, inputs, control}``
+    GRAPHS = "graphs"
+    #: Horovod op names in creation order
+    HOROVOD_OPS = "horovod_ops"
+
+
+class ServerKey:
+    """Top-level keys of an MXNet parameter server's ``server<i>.kv.json``."""
+
+    FRAMEWORK = "framework"
+    ROLE = "role"
+    RANK = "rank"
+    NUM_WORKERS = "num_workers"
+    HOST = "host"
+    PID = "pid"
+    WARMUP = "warmup"
+    STEPS = "steps"
+    COLUMNS = "columns"
+    #: ``[key, call, ts_call, ts_merged, ts_end, bytes]`` each
+    UPDATES = "updates"
