@@ -45,6 +45,7 @@ demo: setup
 
 test: setup horovod mxnet tf pslite
 	$(BIN)/ruff check -q dpro tests benchmarks examples
+	$(BIN)/python scripts/check_layers.py
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -153,6 +153,8 @@ class Recorder:
             log.warning("dpro: could not add the steps after the window to %s: %s", path, e)
 
     def wrap(self, fn: F) -> F:
+        """``fn`` (the training step) run under the recorder: warm-up calls, the profiled
+        window, then the timed calls after it; the job's own result is returned unchanged."""
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> Any:
             if self._tick is not None:

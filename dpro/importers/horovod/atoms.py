@@ -208,6 +208,9 @@ def _timeline_names(tl: HorovodTimeline, params: dict[str, dict]) -> dict[str, s
 
 
 def plan_atoms(gt: GTrace, tl: HorovodTimeline, ref: NodeTrace, off_ref: float, params: dict[str, dict]) -> _Plan:
+    """Which gradients each Horovod fusion group of the timeline carried, step by step,
+    on ``ref``'s clock (``off_ref``: the timeline's offset to it); ``params``: the recorder's
+    parameters. Raises :class:`TimelineUnusable` when the timeline names none of them."""
     names = _timeline_names(tl, params)
     if not names:
         raise TimelineUnusable("the timeline names none of the model's gradients (allreduce.<parameter>): "

@@ -56,6 +56,8 @@ def _req(d: Any, key: str, typ: type | tuple[type, ...], path: Path) -> Any:
 
 
 def read_worker(meta_path: Path) -> WorkerRaw:
+    """One MXNet worker's recording (its ``rank<r>.meta.json`` and the profile beside it),
+    checked field by field: a :class:`DproInputError` names the file and the field."""
     meta = read_json(meta_path)
     rank = _req(meta, MetaKey.RANK, int, meta_path)
     steps: dict[int, tuple[float, float]] = {}
@@ -113,6 +115,7 @@ def read_worker(meta_path: Path) -> WorkerRaw:
 
 
 def read_server(path: Path) -> ServerRaw:
+    """One PS server's recording (``server<i>.kv.json``: every update it ran, timed), checked."""
     d = read_json(path)
     rank = _req(d, ServerKey.RANK, int, path)
     rows = _req(d, ServerKey.UPDATES, list, path)

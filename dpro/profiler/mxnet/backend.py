@@ -195,6 +195,7 @@ class MXNetBackend:
 
     # -- Backend protocol ---------------------------------------------------------------
     def start(self) -> None:
+        """Turn MXNet's profiler on for the window (op bulking off unless kept)."""
         mx = self.mx
         self.config.out_dir.mkdir(parents=True, exist_ok=True)
         if self._tmp is None:
@@ -247,6 +248,7 @@ class MXNetBackend:
             return None
 
     def stop_and_write(self) -> None:
+        """Stop the profiler and write this rank's raw files (profile, meta, memory)."""
         mx = self.mx
         mx.nd.waitall()
         mx.profiler.set_state("stop")

@@ -61,6 +61,7 @@ class TrainerWatch:
     _orig: dict[str, Any] = field(default_factory=dict)
 
     def start(self) -> None:
+        """Patch gluon.Trainer's step, update and allreduce_grads to note the memory around each call."""
         from mxnet import gluon
 
         watch = self

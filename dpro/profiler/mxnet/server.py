@@ -44,6 +44,7 @@ class ServerRecorder:
     rank: int = -1
 
     def wrap(self, updater: Any) -> Any:
+        """``updater`` timed: each call's wait for the merged gradient, the update, its bytes."""
         def timed(key: int, merged: Any, stored: Any) -> None:
             t0 = now_us()
             merged.wait_to_read()
@@ -58,6 +59,7 @@ class ServerRecorder:
         return timed
 
     def write(self, rank: int, num_workers: int) -> None:
+        """Write this server's timed updates (``server<rank>.kv.json``) to the trace directory."""
         if self.out_dir is None:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)

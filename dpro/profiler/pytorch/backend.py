@@ -159,6 +159,7 @@ class TorchBackend:
 
     # ---------------------------------------------------------------- window
     def start(self) -> None:
+        """Start torch.profiler (and the memory watch) for the window."""
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU]
@@ -205,6 +206,7 @@ class TorchBackend:
         self.prof = None
 
     def stop_and_write(self) -> None:
+        """Stop the profiler and write this rank's raw files (Kineto trace, meta)."""
         self._stop()
         rank, world, backend = _rank_world()
         out = self.config.out_dir

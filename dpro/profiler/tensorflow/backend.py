@@ -149,6 +149,7 @@ class TFBackend:
             self.writer.keep_parked()
 
     def start(self) -> None:
+        """Start TF's profiler for the window."""
         if self.writer is None:  # the Recorder was made before hvd.init()
             self.writer = idle_timeline_writer("horovod.tensorflow")
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
@@ -212,6 +213,7 @@ class TFBackend:
         return graphs, hvd_order
 
     def stop_and_write(self) -> None:
+        """Stop the profiler, convert its XSpace and write this rank's raw files (ops, graph, meta)."""
         from dpro.importers.xplane import read_xspace
 
         self._stop()
