@@ -209,6 +209,23 @@ def _reconcile_consumers(built: dict, kept: list[int]) -> None:
             edges.append((c, o))
 
 
+def _empty_reason(rf: RankFile, steps: dict[int, tuple[float, float]]) -> str:
+    """Why no operator of ``rf`` falls inside ``steps``: where its operators are instead, and
+    what the steps hold."""
+    segs, gloo = cpu_segments(rf, _main_tid(rf))
+    ops = segs + gpu_segments(rf)
+    order = sorted(steps)
+    what = f"ProfilerStep#{order[0]}" if len(order) == 1 else f"ProfilerStep#{order[0]}..#{order[-1]}"
+    msg = f"empty trace: no CPU or GPU operator inside the profiled steps ({what})"
+    if ops:
+        msg += f"; its {len(ops)} operator segments all lie outside them"
+    _assign_steps(gloo, steps)
+    inside = [c for c in gloo if c.step >= 0]
+    if inside:
+        msg += f"; the steps hold only {len(inside)} gloo collectives, whose issuing ops are not in the trace"
+    return msg
+
+
 def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
     return tuple(sorted((d, tuple(s.name for s in ss)) for d, ss in by_dev.items()))
 
@@ -231,7 +248,7 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         per_step[s.step].append(s)
     built = {st: _step_edges(ss, per_step_pairs.get(st, [])) for st, ss in per_step.items()}
     if not built:
-        raise DproInputError(rf.path, "empty trace: no operator events inside the profiled steps")
+        raise DproInputError(rf.path, _empty_reason(rf, steps))
     sigs = Counter(_signature(b[0]) for b in built.values())
     ref_sig = sigs.most_common(1)[0][0]
     kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
