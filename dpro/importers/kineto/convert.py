@@ -12,7 +12,9 @@ from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files, trace_files
 from dpro.progress import progress_bar
-from dpro.importers.kineto.segments import Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel
+from dpro.importers.kineto.segments import (
+    CPU_CATS, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +29,16 @@ def is_kineto_path(path: Path) -> bool:
 
 
 def _main_tid(rf: RankFile) -> object:
-    for e in rf.events:
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
-            return e.get("tid")
-    counts = Counter(e.get("tid") for e in rf.events if e.get("ph") == "X" and e.get("cat") == "cpu_op")
-    return counts.most_common(1)[0][0] if counts else None
+    """The training thread: the one of the CPU-side ProfilerStep spans, else the thread
+    with most CPU operators, else (a GPU-only trace) most runtime calls; None without any."""
+    marks, on_cpu = step_markers(rf)
+    if on_cpu:
+        return marks[0].get("tid")
+    for cats in (("cpu_op",), tuple(CPU_CATS)):
+        counts = Counter(e.get("tid") for e in rf.events if e.get("ph") == "X" and e.get("cat") in cats)
+        if counts:
+            return counts.most_common(1)[0][0]
+    return None
 
 
 def _assign_steps(segs: list[Seg], steps: dict[int, tuple[float, float]]) -> None:
@@ -97,7 +104,13 @@ def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float,
 
 def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:
     """All segments of a rank with steps and categories; plus (issue, collective) pairs."""
+    if rf.legacy:
+        notes.append(f"{rf.path.name}: legacy event categories (Operator, Runtime, Kernel, Memcpy, Memset) "
+                     f"read as cpu_op, cuda_runtime, kernel, gpu_memcpy, gpu_memset")
     steps = find_steps(rf)
+    if steps and not step_markers(rf)[1]:
+        notes.append(f"{rf.path.name}: no CPU-side ProfilerStep spans; steps taken from the GPU timeline's "
+                     f"ProfilerStep annotations (gpu_user_annotation)")
     if not steps:
         xs = [e for e in rf.events if e.get("ph") == "X" and "ts" in e]
         t0 = min(float(e["ts"]) for e in xs)
@@ -196,6 +209,23 @@ def _reconcile_consumers(built: dict, kept: list[int]) -> None:
             edges.append((c, o))
 
 
+def _empty_reason(rf: RankFile, steps: dict[int, tuple[float, float]]) -> str:
+    """Why no operator of ``rf`` falls inside ``steps``: where its operators are instead, and
+    what the steps hold."""
+    segs, gloo = cpu_segments(rf, _main_tid(rf))
+    ops = segs + gpu_segments(rf)
+    order = sorted(steps)
+    what = f"ProfilerStep#{order[0]}" if len(order) == 1 else f"ProfilerStep#{order[0]}..#{order[-1]}"
+    msg = f"empty trace: no CPU or GPU operator inside the profiled steps ({what})"
+    if ops:
+        msg += f"; its {len(ops)} operator segments all lie outside them"
+    _assign_steps(gloo, steps)
+    inside = [c for c in gloo if c.step >= 0]
+    if inside:
+        msg += f"; the steps hold only {len(inside)} gloo collectives, whose issuing ops are not in the trace"
+    return msg
+
+
 def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
     return tuple(sorted((d, tuple(s.name for s in ss)) for d, ss in by_dev.items()))
 
@@ -218,7 +248,7 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         per_step[s.step].append(s)
     built = {st: _step_edges(ss, per_step_pairs.get(st, [])) for st, ss in per_step.items()}
     if not built:
-        raise DproInputError(rf.path, "empty trace: no operator events inside the profiled steps")
+        raise DproInputError(rf.path, _empty_reason(rf, steps))
     sigs = Counter(_signature(b[0]) for b in built.values())
     ref_sig = sigs.most_common(1)[0][0]
     kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
@@ -242,13 +272,13 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
                 if oid not in nt.ops:
                     op = Op(id=oid, name=s.name, cat=s.cat or "OTHER", device=dev, layer=s.layer)
                     if s.cat == "COMM" and s.coll is not None:
+                        # a collective without its issue in the trace (an NCCL kernel whose
+                        # launch predates the capture) is named by its place on its queue
+                        txn = txn_of.get(id(s), f"{s.coll}.unissued{k}")
                         op.sub_op = _SUB_OP.get(s.coll, "ALLREDUCE")
-                        op.tensor = (
-                            f"bucket{bucket_of[id(s)]}" if id(s) in bucket_of
-                            else f"{s.coll}.{txn_of.get(id(s), k).split('.')[-1]}"
-                        )
+                        op.tensor = f"bucket{bucket_of[id(s)]}" if id(s) in bucket_of else f"{s.coll}.{txn.split('.')[-1]}"
                         op.bytes = s.nbytes
-                        op.txn = txn_of.get(id(s), f"{s.coll}.{k}")
+                        op.txn = txn
                         op.group = s.group
                     nt.ops[oid] = op
                 nt.events.append(Event(op=oid, step=st, ts=s.ts, dur=s.end - s.ts))

@@ -75,9 +75,14 @@ def consumer_edges(thread: list[Seg], colls: list[tuple[Seg, Seg]]) -> list[Edge
 
 def stream_wait_edges(by_dev: dict[str, list[Seg]], launch_end: dict[int, float]) -> list[Edge]:
     """Kernel that started only when a kernel on another stream ended: a cross-stream wait."""
-    ends: list[tuple[float, str, Seg]] = sorted(
-        (k.end, dev, k) for dev, ks in by_dev.items() if dev.startswith("gpu") for k in ks
-    )
+    # by end, then queue and place on it: GPU ops can share a queue and an end (zero
+    # durations in integer-µs traces, CUDA-graph bursts), and a Seg has no order of its own
+    ends: list[tuple[float, str, Seg]] = [
+        (k.end, dev, k) for _, dev, _, k in sorted(
+            ((k.end, dev, i, k) for dev, ks in by_dev.items() if dev.startswith("gpu") for i, k in enumerate(ks)),
+            key=lambda x: x[:3],
+        )
+    ]
     end_times = [e[0] for e in ends]
     out: list[Edge] = []
     for dev, ks in by_dev.items():

@@ -14,7 +14,12 @@ from dpro.jsonio import read_json
 DEFAULT_RANK_PATTERN = r"rank[-_]?(\d+)"
 _TRACE_SUFFIXES = (".json", ".json.gz")
 #: Event categories the importer turns into ops (see segments.py); a rank file needs one.
-OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime")
+OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime",
+           "Operator")
+#: the categories of PyTorch 1.8's profiler (Kineto's first releases) -> their modern names;
+#: a rank file's events are read under the modern names (``RankFile.legacy`` counts them)
+LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
+               "Memset": "gpu_memset"}
 
 
 @dataclass
@@ -27,6 +32,8 @@ class RankFile:
     backend: str | None
     events: list[dict]
     meta: dict = field(default_factory=dict)
+    #: events whose legacy category (``LEGACY_CATS``) was read as its modern name
+    legacy: int = 0
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -113,6 +120,12 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     if ws is not None and rank >= ws:
         raise DproInputError(path, f"rank {rank} is outside world_size {ws} (distributedInfo)")
     backend = info.get("backend")
+    legacy = 0
+    for e in events:
+        cat = e.get("cat")
+        if isinstance(cat, str) and cat in LEGACY_CATS:
+            e["cat"] = LEGACY_CATS[cat]
+            legacy += 1
     return RankFile(
         path=path,
         rank=rank,
@@ -120,6 +133,7 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
         backend=backend if isinstance(backend, str) else None,
         events=events,
         meta={k: d[k] for k in ("deviceProperties", "host_name") if k in d},
+        legacy=legacy,
     )
 
 

@@ -142,14 +142,39 @@ def is_comm_kernel(name: str) -> bool:
     return bool(_NCCL_KERNEL_RE.match(name))
 
 
+#: categories of a CPU-side ProfilerStep#N span (legacy ``Operator`` is read as cpu_op);
+#: ``gpu_user_annotation`` is the copy of the span that Kineto draws on the GPU timeline
+CPU_STEP_CATS = frozenset({"user_annotation", "cpu_op"})
+
+
+def step_markers(rf: RankFile) -> tuple[list[dict], bool]:
+    """The ProfilerStep#N spans that define the steps, and whether they are CPU-side.
+
+    The CPU-side spans (on the thread that holds most of them) when there are any; else
+    every ProfilerStep#N span (the GPU annotation timeline's copies).
+    """
+    marks = [e for e in rf.events if e.get("ph") == "X" and _STEP_RE.match(str(e.get("name", "")))]
+    cpu = [e for e in marks if e.get("cat") in CPU_STEP_CATS]
+    if not cpu:
+        return marks, False
+    per_tid: dict[object, int] = {}
+    for e in cpu:
+        per_tid[e.get("tid")] = per_tid.get(e.get("tid"), 0) + 1
+    best = max(per_tid.values())
+    tid = next(e.get("tid") for e in cpu if per_tid[e.get("tid")] == best)
+    return [e for e in cpu if e.get("tid") == tid], True
+
+
 def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
-    """ProfilerStep#N windows: step -> (start, end)."""
-    steps = {}
-    for e in rf.events:
-        if e.get("ph") == "X":
-            m = _STEP_RE.match(str(e.get("name", "")))
-            if m:
-                steps[int(m.group(1))] = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+    """ProfilerStep#N windows: step -> (start, end), from :func:`step_markers` (the
+    longest span where a step number repeats)."""
+    steps: dict[int, tuple[float, float]] = {}
+    for e in step_markers(rf)[0]:
+        n = int(_STEP_RE.match(str(e["name"])).group(1))  # type: ignore[union-attr]
+        t0 = float(e["ts"])
+        t1 = t0 + float(e.get("dur", 0))
+        if n not in steps or t1 - t0 > steps[n][1] - steps[n][0]:
+            steps[n] = (t0, t1)
     return steps
 
 
@@ -260,7 +285,7 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
         if e.get("ph") == "X" and e.get("cat") in CPU_CATS and "ts" in e:
             by_tid.setdefault(e.get("tid"), []).append(e)
     thread_names: dict[object, str] = {}
-    order = [main_tid] + sorted((t for t in by_tid if t != main_tid), key=lambda t: min(float(e["ts"]) for e in by_tid[t]))
+    order = ([main_tid] if main_tid in by_tid else []) + sorted((t for t in by_tid if t != main_tid), key=lambda t: min(float(e["ts"]) for e in by_tid[t]))
     segs: list[Seg] = []
     comm: list[Seg] = []
     for tid in order:
