@@ -25,5 +25,5 @@ def __getattr__(name: str):
     if name in ("open", "Job"):
         from dpro import job
 
-        return getattr(job, name)
+        return job.open_job if name == "open" else job.Job
     raise AttributeError(f"module 'dpro' has no attribute {name!r}")

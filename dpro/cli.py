@@ -102,7 +102,7 @@ def replay(
     rank). Prints the predicted iteration time next to the one measured in the trace and,
     where dpro's recorder measured its own overhead, the prediction without it.
     """
-    from dpro.job import open as open_job
+    from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
 
     res = open_job(path, rank_pattern=rank_pattern, align=not no_align).replay(expand_collectives=not no_expand)
@@ -277,7 +277,7 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
         from dpro.jsonio import check_writable_dir
 
         check_writable_dir(output, force)  # before the search, not after it
-    from dpro.job import open as open_job
+    from dpro.job import open_job
     from dpro.loader import open_trace
     from dpro.optimizer.output import summary_text, write_strategy_dir
     from dpro.progress import progress_pulse
@@ -314,7 +314,7 @@ def align_cmd(
     (SEND/RECV, PUSH/PULL, collectives), solved with CVXPY; see docs/alignment.md.
     """
     from dpro.alignment import AlignOptions, apply_offsets
-    from dpro.job import open as open_job
+    from dpro.job import open_job
 
     job = open_job(path, rank_pattern=rank_pattern, align=AlignOptions(reference=reference, force=one_host))
     res = job.alignment

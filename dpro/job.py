@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Job:
-    """A profiled job ready for analysis (open one with :func:`open`)."""
+    """A profiled job ready for analysis (open one with ``dpro.open``: :func:`open_job`)."""
 
     #: the trace as loaded (each node on its own clock)
     profiled: GTrace
@@ -108,7 +108,7 @@ class Job:
                         memory_budget=memory_budget, memory_passes=memory_passes, micro_trace=small, **kw)
 
 
-def open(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True) -> Job:  # noqa: A001
+def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True) -> Job:
     """Open the job traced in ``path`` (a gTrace directory, torch.profiler traces, one file
     per rank): load and validate it, and with ``align`` (True or the
     :class:`~dpro.alignment.AlignOptions` to use) put every node on one clock.
@@ -124,7 +124,7 @@ def open(path: str | Path, *, rank_pattern: str | None = None, align: bool | Ali
 
 
 def prepare(gt: GTrace, *, align: bool | AlignOptions = True, path: Path | None = None) -> Job:
-    """A :class:`Job` of a trace already in memory (see :func:`open`)."""
+    """A :class:`Job` of a trace already in memory (see :func:`open_job`)."""
     if align is False:
         return Job(profiled=gt, trace=gt, path=path)
     from dpro.alignment import on_one_clock

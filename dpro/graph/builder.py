@@ -2,7 +2,7 @@
 
 One builder for every graph dpro replays: the global DFG of a trace
 (:mod:`dpro.graph.global_dfg`) and the optimizer's one-worker graph of a strategy
-(:mod:`dpro.optimizer.evaluate`).
+(:mod:`dpro.optimizer.worker_graph`).
 """
 
 from __future__ import annotations
