@@ -9,17 +9,11 @@ from pathlib import Path
 
 import click
 
-from dpro.cli_imports import register_import_commands
+from dpro.cli_imports import rank_pattern_option, register_import_commands
 from dpro.errors import DproInputError
-from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
 from dpro.jsonio import print_json
 
-_rank_opt = click.option(
-    "--rank-pattern",
-    default=DEFAULT_RANK_PATTERN,
-    show_default=True,
-    help="Regex whose first group is the rank in a trace file name (when the trace has no distributedInfo).",
-)
+_rank_opt = rank_pattern_option
 
 
 def _fail(err: Exception) -> None:
