@@ -39,8 +39,10 @@ EXAMPLE = REPO / "examples" / "pytorch" / "ddp_recorder.py"
 #: how far the offsets found on a real gloo CPU trace may be from the true (single) clock:
 #: the ranks' collective ends disagree by a few ms on a 2-core machine running 4 ranks
 #: (measured 0.04 - 3.4 ms over several recordings, 0.13 - 2.4 ms over 12 more, 4.6 ms once
-#: in CI); see docs/alignment.md
-REAL_IDENTIFIABLE_US = 8000.0
+#: in CI, 8.25 ms once in a clean-clone CI run: a tail, not a bound we can derive); see
+#: docs/alignment.md. The recovery of injected skew is checked relative to the unskewed
+#: alignment (50 µs) and does not depend on this limit.
+REAL_IDENTIFIABLE_US = 12000.0
 
 
 def _port() -> int:
