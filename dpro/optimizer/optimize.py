@@ -320,17 +320,15 @@ def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, d
     ``micro_trace``: the same job profiled at a smaller batch, for the micro-batch op
     times of gradient accumulation (:mod:`dpro.optimizer.memory.micro_batch`)."""
     t0 = time.perf_counter()
-    if base is None:
+    r = base
+    if r is None:
         from dpro.replayer.replay import replay
 
         if align_clocks:
-            from dpro.alignment import align, apply_offsets
+            from dpro.alignment import on_one_clock
 
-            al = align(gt)
-            if al.status != "trivial":
-                gt = apply_offsets(gt, al.offsets_us)
-        base = replay(gt, BuildOptions(), align_clocks=False)
-    r = base
+            gt, _ = on_one_clock(gt)
+        r = replay(gt, BuildOptions(), align_clocks=False)
     if stats is None:
         stats = {name: node_stats(nt, r.steps) for name, nt in gt.nodes.items() if nt.info.role == "worker"}
     model = representative(gt, r, stats)
@@ -353,7 +351,7 @@ def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, d
         fit = fit_memory(model, int(memory_budget), memory_passes, start, tick=tick)
     mem = fit.chosen.strategy if fit is not None else start
     bl = baselines(model)
-    base = {name: iteration_us(model, st) for name, st in bl.items()}
+    base_us = {name: iteration_us(model, st) for name, st in bl.items()}
     if model.ps is not None:  # MXNet's one setting: searched exhaustively
         results = bound_search.search_bounds(model, tick=tick)
     else:
@@ -378,11 +376,11 @@ def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, d
         notes += latency_note(model.link, start, best.strategy)
     ov = model.overhead  # the model is of the job unprofiled: compare with the replay scaled alike
     expect = r.predicted_iteration_us * (ov.factor if ov else 1.0)
-    gap = 100.0 * (base["job as profiled"] - expect) / expect
+    gap = 100.0 * (base_us["job as profiled"] - expect) / expect
     if abs(gap) > 2.0:
         notes.append(f"the optimizer's one-worker model differs from the full replay by {gap:+.1f}% on the job as profiled")
     return OptimizeResult(
-        model=model, replay_us=r.predicted_iteration_us, measured_us=r.measured_iteration_us, baselines=base,
+        model=model, replay_us=r.predicted_iteration_us, measured_us=r.measured_iteration_us, baselines=base_us,
         results=results, realized=realize(model, best.strategy, bl),
         critical_before=_critical(model, start), critical_after=_critical(model, best.strategy),
         time_s=time.perf_counter() - t0, notes=notes, memory=fit, peak_before_bytes=peak_before,
