@@ -336,6 +336,141 @@ def align_cmd(
         click.echo(f"wrote {output}")
 
 
+@cli.command(name="whatif")
+@click.argument("path", type=click.Path(path_type=Path), required=False)
+@click.option("--workers", default=None, metavar="N|N1,N2,..",
+              help="Predict for N workers (a list gives a scaling curve). Default: as profiled.")
+@click.option("--servers", type=int, default=None, help="Parameter servers (PS jobs; default: as profiled).")
+@click.option("--bandwidth", default=None, metavar="RATE", help="Link bandwidth, e.g. 10Gbit, 200Mbit, 1.25GB/s.")
+@click.option("--latency", default=None, metavar="TIME", help="Per-message overhead, e.g. 5us, 0.2ms.")
+@click.option("--platform", "platform_file", type=click.Path(path_type=Path), default=None,
+              help="alpha/beta measured by `dpro calibrate` (needed when the profile has no collectives to fit).")
+@click.option("--algorithm", type=click.Choice(["ring", "tree"]), default="ring", show_default=True,
+              help="All-reduce algorithm of the scale-out model.")
+@click.option("--async", "asynchronous", is_flag=True, help="Asynchronous SGD (PS): throughput by discrete-event simulation.")
+@click.option("--steps", "sim_steps", default=1000, show_default=True, help="Steps of the asynchronous simulation.")
+@click.option("--apply", "apply_specs", multiple=True, metavar="NAME[:k=v,..]",
+              help="Apply a what-if to the job's graph and replay it (repeatable; see --list).")
+@click.option("--load-whatif", "modules", multiple=True, metavar="MODULE",
+              help="Import MODULE and offer its @dpro.whatif.whatif functions to --apply.")
+@click.option("--list", "list_only", is_flag=True, help="List the available what-ifs and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
+@_rank_opt
+def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, bandwidth: str | None, latency: str | None,
+               platform_file: Path | None, algorithm: str, asynchronous: bool, sim_steps: int,
+               apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool, as_json: bool,
+               no_align: bool, rank_pattern: str) -> None:
+    """What if the job traced in PATH ran differently (docs/whatif.md)?
+
+    \b
+    Scale-out: --workers/--servers/--bandwidth/--latency/--async predict the step time
+    (or asynchronous throughput) on another cluster, from a profile of any size:
+      dpro whatif traces/ --workers 2,4,8 --json        scaling curve (all-reduce: ring)
+      dpro whatif traces/ --workers 4 --bandwidth 1Gbit --platform platform.json
+      dpro whatif ps-traces/ --workers 4 --servers 2 --async
+    Graph what-ifs (Daydream's primitives): --apply NAME[:k=v,...], e.g.
+      dpro whatif traces/ --apply mixed_precision --apply network:bandwidth=10
+    """
+    from dpro.whatif import available
+    from dpro.whatif.platform import load_platform, parse_bandwidth, parse_time_us, parse_workers
+
+    table = available(modules)
+    if list_only:
+        for name, fn in sorted(table.items()):
+            click.echo(f"{name:18} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return
+    if path is None:
+        raise click.UsageError("PATH is required (unless --list)")
+    try:
+        counts = parse_workers(workers) if workers is not None else None
+        bw = parse_bandwidth(bandwidth) if bandwidth is not None else None
+        lat = parse_time_us(latency) if latency is not None else None
+    except ValueError as e:
+        raise DproInputError(None, str(e)) from None
+    if servers is not None and servers < 1:
+        raise DproInputError(None, f"--servers {servers}: must be >= 1")
+    if sim_steps < 1:
+        raise DproInputError(None, f"--steps {sim_steps}: must be >= 1")
+    plat = load_platform(platform_file) if platform_file is not None else None
+    from dpro.job import open_job
+
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
+    if apply_specs:
+        from dpro.whatif import of
+        from dpro.whatif.registry import parse_apply
+
+        calls = [parse_apply(s, table) for s in apply_specs]
+        g = of(job)
+        base = job.replay()
+        for fn, params in calls:
+            try:
+                fn(g, **params)
+            except TypeError as e:
+                raise DproInputError(None, f"what-if {fn.__name__}: {e}") from None
+        r = g.simulate()
+        out = {"applied": list(apply_specs), "baseline_iteration_us": base.predicted_iteration_us,
+               "predicted_iteration_us": r.iteration_us,
+               "speedup": base.predicted_iteration_us / r.iteration_us if r.iteration_us else None}
+        if as_json:
+            print_json(out)
+        else:
+            click.echo(f"{path}: {', '.join(apply_specs)}: {base.predicted_iteration_us / 1e3:.2f} ms -> "
+                       f"{r.iteration_us / 1e3:.2f} ms (x{out['speedup']:.2f})")
+        if counts is None and bw is None and lat is None and servers is None and not asynchronous:
+            return
+    from dpro.whatif.scaleout import Cluster, predict
+
+    nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
+    pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps) for n in (counts or [nprof])]
+    res = predict(job, pts, plat)
+    if as_json:
+        print_json(res.to_json())
+        return
+    t = res.transfer
+    click.echo(f"{path}: {res.kind}{' (asynchronous)' if res.asynchronous else ''}, profiled with "
+               f"{res.profiled_workers} worker(s); link alpha {t.alpha:.1f} us, beta {t.beta * 1e3:.4f} us/KB "
+               f"({res.transfer_source})")
+    if res.measured_iteration_us:
+        click.echo(f"  measured iteration (profile): {res.measured_iteration_us / 1e3:.2f} ms")
+    for p in res.points:
+        srv = f", {p.servers} server(s)" if p.servers else ""
+        click.echo(f"  {p.workers:4d} worker(s){srv}: {p.iteration_us / 1e3:9.2f} ms per step, "
+                   f"{p.throughput:8.2f} steps/s")
+    for n in res.notes:
+        click.echo(f"  note: {n}")
+
+
+@cli.command(name="calibrate")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("platform.json"), show_default=True,
+              help="Platform file to write (docs/whatif.md).")
+@click.option("--processes", "-n", default=2, show_default=True, help="Local processes in the group.")
+@click.option("--backend", default="gloo", show_default=True, help="torch.distributed backend.")
+@click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
+def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool) -> None:
+    """Measure this machine's all-reduce cost (alpha, beta) for `dpro whatif --platform`.
+
+    Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
+    and fits t = 2(N-1) * (alpha + beta * bytes/N) (per ring step; µs, bytes).
+    """
+    if processes < 2:
+        raise DproInputError(None, f"--processes {processes}: at least 2")
+    if repeats < 1:
+        raise DproInputError(None, f"--repeats {repeats}: at least 1")
+    from dpro.jsonio import write_json
+    from dpro.whatif.calibrate import calibrate
+
+    d = calibrate(processes, backend, repeats=repeats)
+    write_json(output, d)
+    if as_json:
+        print_json(d)
+    else:
+        a = d["allreduce"]
+        click.echo(f"wrote {output}: {backend}, {processes} processes: alpha {a['alpha_us']:.1f} us, "
+                   f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%})")
+
+
 @cli.group(name="import")
 def import_() -> None:
     """Convert traces from other tools into a gTrace directory."""

@@ -1,0 +1,381 @@
+"""Scale-out: the same job on another cluster (workers, servers, bandwidth, latency).
+
+From any profile, one worker included, a representative worker (the lowest rank) is kept
+with its op times; its communication is re-costed for the new cluster with the primitives:
+
+* **all-reduce** (DDP, Horovod): each coarse collective of B bytes takes
+  :func:`~dpro.whatif.models.allreduce_us` (ring or tree) for N workers, with alpha/beta
+  fitted on the trace's own collectives (dpro.graph.comm_model) or from a platform file
+  (``dpro calibrate``);
+* **parameter server** (MXNet over ps-lite): every push and pull is a message on the
+  connection between the worker and a server; a key's pieces go to MXNet's servers for M
+  servers (``(key*9973) % M``, or split over all when it has at least the big-array bound
+  of elements); the N workers push to a server in the same phase, so each connection gets
+  1/N of the server's port (bandwidth sharing, :func:`~dpro.whatif.models.share_bandwidth`
+  in the symmetric case), and the messages queued on one connection are multiplexed
+  (:func:`~dpro.whatif.models.multiplex`: heads up to the window first, then tails: the
+  ``schedule`` primitive); the server aggregates and updates each piece once;
+* **asynchronous SGD** (``dist_async``): a discrete-event simulation over many steps, each
+  worker's compute time sampled from the profiled steps, its pushes and pulls sharing the
+  servers' ports with the other workers' (fluid processor sharing), no barrier.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dpro.errors import DproInputError
+from dpro.whatif.graph import Op, WhatIfGraph
+from dpro.whatif.models import Transfer, allreduce_us
+from dpro.whatif.platform import Platform
+
+if TYPE_CHECKING:
+    from dpro.job import Job
+
+log = logging.getLogger(__name__)
+
+#: MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (elements)
+DEFAULT_BOUND = 1_000_000
+#: ps-lite/ZMQ control window (bytes) of the multiplexing model: first pieces of this size
+#: of every queued message go out before the rest (the simulator's stream window)
+DEFAULT_WINDOW = 64 << 10
+
+
+@dataclass
+class Cluster:
+    """The cluster to predict for."""
+
+    workers: int
+    servers: int | None = None
+    #: bytes per µs of a link (None: as profiled / the platform's)
+    bandwidth: float | None = None
+    #: per-message overhead µs (None: as profiled / the platform's)
+    latency_us: float | None = None
+    algorithm: str = "ring"
+    asynchronous: bool = False
+    #: steps of the asynchronous simulation
+    steps: int = 1000
+    seed: int = 0
+
+
+@dataclass
+class Point:
+    workers: int
+    servers: int | None
+    iteration_us: float
+    #: iterations per second of the whole job (asynchronous: steps per second over all workers)
+    throughput: float
+    breakdown_us: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"workers": self.workers, "servers": self.servers, "iteration_us": self.iteration_us,
+                "throughput_steps_per_s": self.throughput, "breakdown_us": self.breakdown_us}
+
+
+@dataclass
+class ScaleOutResult:
+    """Predictions for one or several worker counts (:meth:`to_json` is ``dpro whatif --json``)."""
+
+    kind: str
+    points: list[Point]
+    transfer: Transfer
+    transfer_source: str
+    profiled_workers: int
+    measured_iteration_us: float | None
+    asynchronous: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_iteration_us(self) -> float:
+        return self.points[0].iteration_us
+
+    def to_json(self) -> dict:
+        p0 = self.points[0]
+        return {
+            "kind": self.kind, "asynchronous": self.asynchronous,
+            "predicted_iteration_us": p0.iteration_us, "throughput_steps_per_s": p0.throughput,
+            "breakdown_us": p0.breakdown_us,
+            "scaling": [p.to_json() for p in self.points],
+            "profiled_workers": self.profiled_workers, "measured_iteration_us": self.measured_iteration_us,
+            "transfer": {"alpha_us": self.transfer.alpha, "beta_us_per_byte": self.transfer.beta,
+                         "source": self.transfer_source},
+            "notes": self.notes,
+        }
+
+
+def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str) -> tuple[Transfer, str]:
+    """alpha/beta: the platform file's, else fitted on the trace; --bandwidth/--latency override."""
+    t, src = None, ""
+    if platform is not None:
+        t, src = platform.transfer(kind), f"platform {platform.source}"
+    else:
+        if kind == "allreduce":
+            lc = job.replay().build.link_cost
+        else:
+            from dpro.optimizer.ps.costs import fit_server_link
+
+            lc = fit_server_link(job.trace, list(job.steps))
+        if lc is not None:
+            t, src = Transfer(lc.alpha, lc.beta), "fitted on the trace"
+    if cluster.bandwidth is not None:
+        t = Transfer(t.alpha if t else 0.0, 1.0 / cluster.bandwidth)
+        src += " (bandwidth given)"
+    if cluster.latency_us is not None:
+        t = Transfer(cluster.latency_us, t.beta if t else 0.0)
+        src += " (latency given)"
+    if t is None:
+        raise DproInputError(job.path, f"no {kind} link cost: the profile has none to fit (one worker?); "
+                             "give --platform (dpro calibrate) or --bandwidth and --latency")
+    return t, src.strip()
+
+
+def _workers(job: Job) -> list[WhatIfGraph]:
+    """Each profiled worker's ops of the job's DFG (collectives coarse, as measured), by rank."""
+    from dpro.whatif.view import of
+
+    names = [n for _, n in sorted((nt.info.rank, name) for name, nt in job.trace.nodes.items()
+                                  if nt.info.role == "worker")]
+    if not names:
+        raise DproInputError(job.path, "no worker in the trace")
+    full = of(job, expand_collectives=False)
+    out = []
+    for name in names:
+        g = full.copy()
+        for op in list(g.select(lambda o, n=name: o.node != n)):
+            g.remove(op)
+        out.append(g)
+    return out
+
+
+def _simulate_point(g: WhatIfGraph, n: int, servers: int | None) -> Point:
+    from dpro.replayer.breakdown import breakdown
+
+    r = g.simulate()
+    owners = [i for i, o in enumerate(r.graph.owners) if not o.startswith(("server", "conn:"))]
+    it = r.iteration_us
+    return Point(n, servers, it, 1e6 / it if it > 0 else 0.0, breakdown(r.graph, r.schedule, owners[:1]))
+
+
+def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None = None) -> ScaleOutResult:
+    """Predict each cluster of ``cluster_points`` (same servers/bandwidth, several worker counts)."""
+    if not cluster_points:
+        raise ValueError("no cluster to predict")
+    c0 = cluster_points[0]
+    workers = [nt for nt in job.trace.nodes.values() if nt.info.role == "worker"]
+    has_ps = any(nt.info.role == "server" for nt in job.trace.nodes.values()) or any(
+        op.sub_op == "PUSH_REQ" for nt in workers for op in nt.ops.values())
+    kind = "ps" if has_ps else "allreduce"
+    if kind == "allreduce" and (c0.servers or c0.asynchronous):
+        raise DproInputError(job.path, "--servers/--async need a parameter-server profile; this one all-reduces")
+    transfer, src = _transfer(job, c0, platform, kind)
+    measured = job.replay().measured_iteration_us
+    res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
+    reps = _workers(job)
+    if len(reps) > 1:
+        res.notes.append(f"each of the {len(reps)} profiled workers predicted as the representative; "
+                         "synchronous: the slowest one's iteration")
+    for c in cluster_points:
+        if c.asynchronous:
+            res.points.append(_async_point(job, reps[0], c, transfer))
+            continue
+        one = _allreduce_point if kind == "allreduce" else (lambda g, c, t: _ps_point(job, g, c, t))
+        res.points.append(max((one(g.copy(), c, transfer) for g in reps), key=lambda p: p.iteration_us))
+    return res
+
+
+# -- all-reduce -------------------------------------------------------------------------------
+def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"):
+        op.dur = allreduce_us(op.bytes, c.workers, t, c.algorithm)
+    return _simulate_point(g, c.workers, None)
+
+
+# -- parameter server -------------------------------------------------------------------------
+@dataclass
+class _Piece:
+    key: str
+    server: int
+    bytes: int
+
+
+def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_Piece]], int]:
+    """Per gradient (tensor base name): its pieces for ``servers`` servers by MXNet's rule."""
+    from dpro.optimizer.ps.layout import base_name, mxnet_home
+
+    w = next(nt for nt in job.trace.nodes.values() if nt.info.role == "worker")
+    keymap = w.meta.get("keys") if isinstance(w.meta.get("keys"), dict) else {}
+    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    bound = int(job.trace.manifest.meta.get("bigarray_bound") or DEFAULT_BOUND) if isinstance(
+        getattr(job.trace.manifest, "meta", None), dict) else DEFAULT_BOUND
+    total: dict[str, int] = {}
+    for op in g.select(lambda o: o.attrs.get("sub_op") == "PUSH_REQ"):
+        name = base_name(op.attrs.get("tensor") or op.name)
+        total[name] = total.get(name, 0) + op.bytes
+    out = {}
+    for i, (name, nbytes) in enumerate(sorted(total.items())):
+        if nbytes // 4 >= bound and servers > 1:
+            out[name] = [_Piece(name, s, nbytes // servers) for s in range(servers)]
+        else:
+            out[name] = [_Piece(name, mxnet_home(key_of.get(name, i), servers), nbytes)]
+    return out, bound
+
+
+def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    """Synchronous PS: the worker's pushes and pulls re-costed and re-placed, one step."""
+    from dpro.optimizer.ps.costs import fit_update
+    from dpro.optimizer.ps.layout import base_name
+
+    servers = c.servers or _profiled_servers(job)
+    pieces, _ = _ps_pieces(job, g, servers)
+    ua, ub = fit_update(job.trace, list(job.steps))
+    share = c.workers  # the N workers' messages to one server share its port: 1/N each
+    node = next(iter(g.ops.values())).node
+    conn = Transfer(t.alpha, t.beta * share)
+    window = DEFAULT_WINDOW
+    by_key: dict[str, list[Op]] = {}
+    for op in list(g.select(lambda o: o.attrs.get("sub_op") in ("PUSH_REQ", "PULL_RES"))):
+        by_key.setdefault(base_name(op.attrs.get("tensor") or op.name), []).append(op)
+    heads: set[int] = set()
+    for name, ops in by_key.items():
+        push = [o for o in ops if o.attrs["sub_op"] == "PUSH_REQ"]
+        pull = [o for o in ops if o.attrs["sub_op"] == "PULL_RES"]
+        before = {p for o in push for p in g.pred[o.id]} - {o.id for o in ops}
+        after = {s for o in pull for s in g.succ[o.id]} - {o.id for o in ops}
+        prio = min(o.prio for o in push) if push else 0.0
+        for o in ops:
+            g.remove(o)
+        ends = []
+        for p in pieces.get(name, []):
+            # push: head up to the window, then the tail (multiplexing), on the connection to the server
+            up = _message(g, before, f"{node}/push:{name}@s{p.server}", f"conn:{node}->s{p.server}", node,
+                          p.bytes, conn, window, prio, heads)
+            upd = g.insert([up], Op(name=f"server{p.server}/update:{name}", cat="UPDATE", node=f"server{p.server}",
+                                    device=f"server{p.server}/update", dur=ua + ub * p.bytes, prio=prio))
+            down = _message(g, [upd.id], f"{node}/pull:{name}@s{p.server}", f"conn:s{p.server}->{node}",
+                            f"server{p.server}", p.bytes, conn, window, prio, heads)
+            ends.append(down)
+        for e in ends:
+            for a in after:
+                g.connect(e, a)
+    g.schedule(lambda op: (0.0 if op.id in heads or op.cat != "COMM" else 1e12) + op.prio)
+    return _simulate_point(g, c.workers, servers)
+
+
+def _message(g: WhatIfGraph, before, name: str, device: str, node: str, nbytes: int, cost: Transfer,
+             window: int, prio: float, heads: set[int]) -> int:
+    """A message as its head (up to ``window`` bytes) and tail on ``device``; the tail's id."""
+    head = g.insert(before, Op(name=f"{name}:head", cat="COMM", device=device, node=node, comm_device=True,
+                               dur=cost.us(min(nbytes, window)), bytes=min(nbytes, window), prio=prio,
+                               attrs={"sub_op": "PS_MSG"}))
+    heads.add(head.id)
+    if nbytes <= window:
+        return head.id
+    tail = g.insert([head.id], Op(name=f"{name}:tail", cat="COMM", device=device, node=node, comm_device=True,
+                                  dur=cost.us(nbytes - window), bytes=nbytes - window, prio=prio,
+                                  attrs={"sub_op": "PS_MSG"}))
+    return tail.id
+
+
+def _profiled_servers(job: Job) -> int:
+    return max(1, sum(1 for nt in job.trace.nodes.values() if nt.info.role == "server"))
+
+
+# -- asynchronous SGD -------------------------------------------------------------------------
+def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    """Discrete-event simulation of ``c.steps`` steps of asynchronous SGD."""
+    from dpro.optimizer.ps.costs import fit_update
+
+    servers = c.servers or _profiled_servers(job)
+    pieces, _ = _ps_pieces(job, base, servers)
+    per_server = [0] * servers
+    msgs = [0] * servers
+    for ps in pieces.values():
+        for p in ps:
+            per_server[p.server] += p.bytes
+            msgs[p.server] += 1
+    ua, ub = fit_update(job.trace, list(job.steps))
+    compute = base.copy()
+    for op in list(compute.select(lambda o: o.cat == "COMM")):
+        op.dur, op.gap = 0.0, 0.0
+    comp_us = compute.simulate().iteration_us
+    samples = _step_factors(job)
+    res = simulate_async(c.workers, [comp_us * f for f in samples], per_server, msgs, t, ua, ub, c.steps, c.seed)
+    it = c.workers * 1e6 / res if res > 0 else 0.0
+    return Point(c.workers, servers, it, res, {"compute": comp_us})
+
+
+def _step_factors(job: Job) -> list[float]:
+    """Each profiled step's duration over their mean (the lowest-rank worker): the sampled variation."""
+    w = min((nt for nt in job.trace.nodes.values() if nt.info.role == "worker"), key=lambda nt: nt.info.rank)
+    d = [w.steps[s][1] for s in job.steps if s in w.steps] or [1.0]
+    m = float(np.mean(d))
+    return [x / m for x in d] if m > 0 else [1.0]
+
+
+def simulate_async(workers: int, compute_us: list[float], server_bytes: list[int], server_msgs: list[int],
+                   t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0) -> float:
+    """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
+    compute (a sample of ``compute_us``) -> push its gradients and pull the weights from
+    every server (``server_bytes`` each way, ``server_msgs`` messages) -> next step, until
+    ``steps`` steps are done in all. A server's port is shared equally by the workers
+    talking to it at the moment (fluid processor sharing at ``1/beta`` bytes/µs); the
+    server then updates (``update_alpha + update_beta*bytes`` per message, serial per server)."""
+    rng = random.Random(seed)
+    bw = 1.0 / t.beta if t.beta > 0 else 1e30
+    ns = len(server_bytes)
+    now = 0.0
+    events: list[tuple[float, int, int]] = []  # (time, worker, kind 0: compute done)
+    for w in range(workers):
+        heapq.heappush(events, (rng.choice(compute_us), w, 0))
+    flows: list[dict[int, float]] = [dict() for _ in range(ns)]  # server -> worker -> bytes left
+    left = [0] * workers  # servers a worker still waits for
+    upd_free = [0.0] * ns
+    pending_done: list[tuple[float, int]] = []  # (time, worker): its last message + update done
+    done = 0
+    while done < steps:
+        # next flow completion under the current rates
+        nxt_flow, fs = float("inf"), None
+        for s in range(ns):
+            if flows[s]:
+                rate = bw / len(flows[s])
+                w, b = min(flows[s].items(), key=lambda kv: kv[1])
+                if now + b / rate < nxt_flow:
+                    nxt_flow, fs = now + b / rate, (s, w)
+        t_ev = events[0][0] if events else float("inf")
+        t_pd = pending_done[0][0] if pending_done else float("inf")
+        tn = min(nxt_flow, t_ev, t_pd)
+        if tn == float("inf"):
+            break
+        for s in range(ns):  # advance every flow to tn
+            if flows[s]:
+                rate = bw / len(flows[s])
+                for w in flows[s]:
+                    flows[s][w] -= rate * (tn - now)
+        now = tn
+        if tn == nxt_flow:
+            s, w = fs
+            del flows[s][w]
+            start = max(now, upd_free[s])
+            upd_free[s] = start + server_msgs[s] * update_alpha + update_beta * server_bytes[s]
+            left[w] -= 1
+            if left[w] == 0:
+                heapq.heappush(pending_done, (max(upd_free[s], now), w))
+        elif tn == t_ev:
+            _, w, _ = heapq.heappop(events)
+            active = [s for s in range(ns) if server_bytes[s] > 0]
+            left[w] = len(active)
+            for s in active:  # push + pull through the server's port, plus each message's overhead
+                flows[s][w] = 2 * server_bytes[s] + 2 * server_msgs[s] * t.alpha * bw
+            if not active:
+                heapq.heappush(pending_done, (now, w))
+        else:
+            _, w = heapq.heappop(pending_done)
+            done += 1
+            heapq.heappush(events, (now + rng.choice(compute_us), w, 0))
+    return done * 1e6 / now if now > 0 else 0.0
