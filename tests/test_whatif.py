@@ -134,8 +134,9 @@ def test_allreduce_models():
 def test_multiplexing_model():
     # window 64 B, 1 µs/B: heads 64 (100), 30 (30 done at 94), 64 (250); then tails 36 -> 194, 186 -> 380
     assert multiplex([(0, 100), (0, 30), (0, 250)], 64, Transfer(0, 1)) == [194, 94, 380]
-    # a head arriving later goes before the pending tails; alpha paid per piece
-    assert multiplex([(0, 100), (10, 10)], 50, Transfer(1, 1)) == [113, 62]
+    # a head arriving later goes before the pending tails; alpha paid once, with the head:
+    # head0 0-51, head1 (10 B, arrived at 10) 51-62, tail0 (50 B) 62-112
+    assert multiplex([(0, 100), (10, 10)], 50, Transfer(1, 1)) == [112, 62]
 
 
 def test_bandwidth_sharing_model():

@@ -46,8 +46,8 @@ def multiplex(streams: list[tuple[float, float]], window: float, cost: Transfer)
 
     The connection sends one piece at a time: a stream's first ``window`` bytes (its head)
     as soon as it is the earliest arrived head waiting, and the rest (its tail) only when no
-    head waits, tails in arrival order. Each piece costs ``cost.us(bytes)``, so a stream cut
-    in two pays ``alpha`` twice. With every stream arrived at 0 this is the simulator's
+    head waits, tails in arrival order. A head costs ``cost.us(bytes)`` (the message's
+    overhead ``alpha`` is paid once, with its head), a tail ``beta * bytes``. With every stream arrived at 0 this is the simulator's
     model: each stream up to the window, then the pending ones to completion."""
     order = sorted(range(len(streams)), key=lambda i: (streams[i][0], i))
     heads = [(streams[i][0], i) for i in order]
@@ -66,7 +66,7 @@ def multiplex(streams: list[tuple[float, float]], window: float, cost: Transfer)
                 ends[i] = t
         else:
             _, i = heapq.heappop(tails)
-            t += cost.us(streams[i][1] - window)
+            t += cost.beta * (streams[i][1] - window)
             ends[i] = t
     return ends
 

@@ -277,7 +277,7 @@ def _message(g: WhatIfGraph, before, name: str, device: str, node: str, nbytes: 
     if nbytes <= window:
         return head.id
     tail = g.insert([head.id], Op(name=f"{name}:tail", cat="COMM", device=device, node=node, comm_device=True,
-                                  dur=cost.us(nbytes - window), bytes=nbytes - window, prio=prio,
+                                  dur=cost.beta * (nbytes - window), bytes=nbytes - window, prio=prio,
                                   attrs={"sub_op": "PS_MSG"}))
     return tail.id
 
