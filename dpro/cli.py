@@ -349,6 +349,8 @@ def align_cmd(
               help="All-reduce algorithm of the scale-out model.")
 @click.option("--async", "asynchronous", is_flag=True, help="Asynchronous SGD (PS): throughput by discrete-event simulation.")
 @click.option("--steps", "sim_steps", default=1000, show_default=True, help="Steps of the asynchronous simulation.")
+@click.option("--host-cores", type=int, default=None, metavar="C",
+              help="All workers share C cores of one host (local runs): compute slows by workers/C beyond C.")
 @click.option("--apply", "apply_specs", multiple=True, metavar="NAME[:k=v,..]",
               help="Apply a what-if to the job's graph and replay it (repeatable; see --list).")
 @click.option("--load-whatif", "modules", multiple=True, metavar="MODULE",
@@ -359,8 +361,8 @@ def align_cmd(
 @_rank_opt
 def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, bandwidth: str | None, latency: str | None,
                platform_file: Path | None, algorithm: str, asynchronous: bool, sim_steps: int,
-               apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool, as_json: bool,
-               no_align: bool, rank_pattern: str) -> None:
+               host_cores: int | None, apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool,
+               as_json: bool, no_align: bool, rank_pattern: str) -> None:
     """What if the job traced in PATH ran differently (docs/whatif.md)?
 
     \b
@@ -390,6 +392,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
         raise DproInputError(None, str(e)) from None
     if servers is not None and servers < 1:
         raise DproInputError(None, f"--servers {servers}: must be >= 1")
+    if host_cores is not None and host_cores < 1:
+        raise DproInputError(None, f"--host-cores {host_cores}: must be >= 1")
     if sim_steps < 1:
         raise DproInputError(None, f"--steps {sim_steps}: must be >= 1")
     plat = load_platform(platform_file) if platform_file is not None else None
@@ -422,7 +426,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
     from dpro.whatif.scaleout import Cluster, predict
 
     nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
-    pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps) for n in (counts or [nprof])]
+    pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores)
+           for n in (counts or [nprof])]
     res = predict(job, pts, plat)
     if as_json:
         print_json(res.to_json())

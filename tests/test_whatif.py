@@ -110,8 +110,8 @@ def test_p3_slices_and_prioritises_layer_order():
     # two gradients: g_late produced first (late layer), g_early produced later (first layer)
     b1, b2 = _op(g, "bw_late", 1, cat="BW"), _op(g, "bw_early", 1, cat="BW")
     g.connect(b1, b2)
-    late = g.insert([b1], Op(name="push_late", cat="COMM", device="L", dur=40, bytes=40, prio=1, comm_device=True,
-                             attrs={"sub_op": "PUSH_REQ"}))
+    g.insert([b1], Op(name="push_late", cat="COMM", device="L", dur=40, bytes=40, prio=1, comm_device=True,
+                      attrs={"sub_op": "PUSH_REQ"}))
     early = g.insert([b2], Op(name="push_early", cat="COMM", device="L", dur=10, bytes=10, prio=2, comm_device=True,
                               attrs={"sub_op": "PUSH_REQ"}))
     fw = _op(g, "next_fw_layer1", 5, device="d9")

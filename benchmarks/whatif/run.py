@@ -46,17 +46,22 @@ def torchrun(n: int, port: int, args: list[str], timeout: float = 600) -> None:
     subprocess.run(cmd, check=True, timeout=timeout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def measure(n: int, model: str, out: Path, port: int, steps: int, warmup: int, meter_cls) -> dict:
+def measure(n: int, model: str, out: Path, port: int, steps: int, warmup: int, meter_cls, reuse: bool) -> dict:
     """Unprofiled run of n ranks: median step time (mean over ranks), µs, and foreign CPU %."""
     out.mkdir(parents=True, exist_ok=True)
     meter = meter_cls()
+    if reuse and (out / "meta.json").exists():
+        return json.loads((out / "meta.json").read_text())
     torchrun(n, port, ["--model", model, "--steps", str(steps), "--warmup", str(warmup),
                        "--timing-out", str(out / "t{rank}.json")])
     per_rank = [json.loads((out / f"t{r}.json").read_text())["step_us"] for r in range(n)]
     per_step = [sum(v) / len(v) for v in zip(*per_rank)]
     q = statistics.quantiles(per_step, n=4) if len(per_step) >= 4 else [0, 0, 0]
     med = statistics.median(per_step)
-    return {"measured_us": med, "noise_pct": 100 * (q[2] - q[0]) / med, "foreign_cpu_pct": meter.foreign_pct()}
+    res = {"measured_us": med, "noise_pct": 100 * (q[2] - q[0]) / med, "foreign_cpu_pct": meter.foreign_pct(),
+           "load_avg_1m": os.getloadavg()[0]}
+    (out / "meta.json").write_text(json.dumps(res))
+    return res
 
 
 def dpro(*args: str) -> dict:
@@ -76,6 +81,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
     ap.add_argument("--port", type=int, default=29900)
+    ap.add_argument("--reuse", action="store_true", help="keep the measurements and profiles already in OUT")
+    ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
+                    help="passed to dpro whatif: the ranks share this host's cores (default: all of them)")
     o = ap.parse_args()
     fid = _fidelity()
     o.out.mkdir(parents=True, exist_ok=True)
@@ -88,27 +96,29 @@ def main() -> None:
     rows = []
     for n in targets:
         port += 1
-        truth[n] = measure(n, o.model, o.out / f"truth{n}", port, o.steps, o.warmup, fid.CpuMeter)
+        truth[n] = measure(n, o.model, o.out / f"truth{n}", port, o.steps, o.warmup, fid.CpuMeter, o.reuse)
         print(f"# measured {n} workers: {truth[n]['measured_us'] / 1e3:.2f} ms "
               f"(noise {truth[n]['noise_pct']:.0f}%, foreign cpu {truth[n]['foreign_cpu_pct']:.0f}%)", flush=True)
     for p in [int(x) for x in o.profiles.split(",")]:
         port += 1
         tdir = o.out / f"profile{p}"
-        torchrun(p, port, ["--model", o.model, "--steps", str(o.warmup + 6), "--warmup", str(o.warmup),
-                           "--profile-dir", str(tdir), "--active", "5"])
-        extra = ["--platform", str(plat)] if p == 1 else []
+        if not (o.reuse and tdir.exists()):
+            torchrun(p, port, ["--model", o.model, "--steps", str(o.warmup + 6), "--warmup", str(o.warmup),
+                               "--profile-dir", str(tdir), "--active", "5"])
+        extra = (["--platform", str(plat)] if p == 1 else []) + ["--host-cores", str(o.host_cores)]
         pred = dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra)
         for pt in pred["scaling"]:
             n = pt["workers"]
             m = truth[n]["measured_us"]
             rows.append({"model": o.model, "network": "loopback", "profiled_workers": p, "workers": n,
                          "predicted_us": pt["iteration_us"], **truth[n],
-                         "error_pct": 100 * (pt["iteration_us"] - m) / m, "transfer": pred["transfer"]})
-    print(f"{'case':28} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'foreign %':>9}")
+                         "error_pct": 100 * (pt["iteration_us"] - m) / m, "transfer": pred["transfer"],
+                         "profile_measured_us": pred["measured_iteration_us"]})
+    print(f"{'case':28} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'foreign %':>9} {'profile ms':>10}")
     for r in rows:
         case = f"{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
         print(f"{case:28} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
-              f"{r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f}")
+              f"{r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f} {r['profile_measured_us'] / 1e3:10.2f}")
     errs = sorted(abs(r["error_pct"]) for r in rows)
     if errs:
         print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "

@@ -62,6 +62,9 @@ class Cluster:
     #: steps of the asynchronous simulation
     steps: int = 1000
     seed: int = 0
+    #: the workers share this many cores of one host (local runs): with more workers than
+    #: cores, every computation op takes workers/cores times as long (None: a host each)
+    host_cores: int | None = None
 
 
 @dataclass
@@ -190,7 +193,17 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
 
 
 # -- all-reduce -------------------------------------------------------------------------------
+def _oversubscribe(g: WhatIfGraph, c: Cluster) -> None:
+    """N single-threaded workers on C < N cores: compute runs at C/N of its pace (the
+    compute_speed what-if)."""
+    if c.host_cores and c.workers > c.host_cores:
+        from dpro.whatif.builtin import compute_speed
+
+        compute_speed(g, factor=c.host_cores / c.workers)
+
+
 def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    _oversubscribe(g, c)
     for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"):
         op.dur = allreduce_us(op.bytes, c.workers, t, c.algorithm)
     return _simulate_point(g, c.workers, None)
@@ -228,6 +241,7 @@ def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_
 
 def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     """Synchronous PS: the worker's pushes and pulls re-costed and re-placed, one step."""
+    _oversubscribe(g, c)
     from dpro.optimizer.ps.costs import fit_update
     from dpro.optimizer.ps.layout import base_name
 
