@@ -342,6 +342,8 @@ def align_cmd(
               help="Predict for N workers (a list gives a scaling curve). Default: as profiled.")
 @click.option("--servers", type=int, default=None, help="Parameter servers (PS jobs; default: as profiled).")
 @click.option("--bandwidth", default=None, metavar="RATE", help="Link bandwidth, e.g. 10Gbit, 200Mbit, 1.25GB/s.")
+@click.option("--profiled-bandwidth", default=None, metavar="RATE",
+              help="The bandwidth the profile ran at: --bandwidth then swaps only the wire's share of beta.")
 @click.option("--latency", default=None, metavar="TIME", help="Per-message overhead, e.g. 5us, 0.2ms.")
 @click.option("--platform", "platform_file", type=click.Path(path_type=Path), default=None,
               help="alpha/beta measured by `dpro calibrate` (needed when the profile has no collectives to fit).")
@@ -359,7 +361,8 @@ def align_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
 @_rank_opt
-def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, bandwidth: str | None, latency: str | None,
+def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, bandwidth: str | None,
+               profiled_bandwidth: str | None, latency: str | None,
                platform_file: Path | None, algorithm: str, asynchronous: bool, sim_steps: int,
                host_cores: int | None, apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool,
                as_json: bool, no_align: bool, rank_pattern: str) -> None:
@@ -388,6 +391,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
         counts = parse_workers(workers) if workers is not None else None
         bw = parse_bandwidth(bandwidth) if bandwidth is not None else None
         lat = parse_time_us(latency) if latency is not None else None
+        pbw = parse_bandwidth(profiled_bandwidth) if profiled_bandwidth is not None else None
     except ValueError as e:
         raise DproInputError(None, str(e)) from None
     if servers is not None and servers < 1:
@@ -426,7 +430,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
     from dpro.whatif.scaleout import Cluster, predict
 
     nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
-    pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores)
+    pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores,
+                   profiled_bandwidth=pbw)
            for n in (counts or [nprof])]
     res = predict(job, pts, plat)
     if as_json:

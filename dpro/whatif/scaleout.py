@@ -65,6 +65,8 @@ class Cluster:
     #: the workers share this many cores of one host (local runs): with more workers than
     #: cores, every computation op takes workers/cores times as long (None: a host each)
     host_cores: int | None = None
+    #: bytes per µs of the links the profile ran on, if known (refines ``bandwidth``)
+    profiled_bandwidth: float | None = None
 
 
 @dataclass
@@ -127,8 +129,17 @@ def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str) 
         if lc is not None:
             t, src = Transfer(lc.alpha, lc.beta), "fitted on the trace"
     if cluster.bandwidth is not None:
-        t = Transfer(t.alpha if t else 0.0, 1.0 / cluster.bandwidth)
-        src += " (bandwidth given)"
+        wire = 1.0 / cluster.bandwidth
+        if t is None:
+            t, src = Transfer(0.0, wire), "bandwidth given"
+        elif cluster.profiled_bandwidth is not None:
+            # the fitted beta is the profiled wire plus the library's own per-byte work: swap the wire
+            t = Transfer(t.alpha, max(0.0, t.beta - 1.0 / cluster.profiled_bandwidth) + wire)
+            src += " (wire swapped for the bandwidth given)"
+        else:
+            # the wire and the library's per-byte work pipeline: the slower one sets the pace
+            t = Transfer(t.alpha, max(t.beta, wire))
+            src += " (bandwidth given: beta = max(fitted, 1/bandwidth))"
     if cluster.latency_us is not None:
         t = Transfer(cluster.latency_us, t.beta if t else 0.0)
         src += " (latency given)"
@@ -179,6 +190,9 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     transfer, src = _transfer(job, c0, platform, kind)
     measured = job.replay().measured_iteration_us
     res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
+    kvstore = str((job.trace.manifest.meta or {}).get("kvstore") or "")
+    if kind == "ps" and "async" in kvstore and not c0.asynchronous:
+        res.notes.append(f"profiled with {kvstore}: --async predicts its throughput")
     reps = _workers(job)
     if len(reps) > 1:
         res.notes.append(f"each of the {len(reps)} profiled workers predicted as the representative; "
