@@ -147,11 +147,14 @@ def test_bandwidth_sharing_model():
 
 
 def test_async_simulation_throughput():
-    t = Transfer(0.0, 1.0)  # 1 B/µs server port
-    # one worker: 100 compute + 2*50 B -> 200 µs a step
+    t = Transfer(0.0, 1.0)  # 1 B/µs per direction of the server port
+    # one worker: 100 compute + 50 push + 50 pull -> 200 µs a step
     assert simulate_async(1, [100.0], [50], [1], t, 0, 0, 100) == pytest.approx(5000)
-    # two workers in lockstep share the port: 100 + 200 = 300 µs per pair of steps
+    # two workers in lockstep share each direction: 100 + 100 (push) + 100 (pull) = 300 µs per pair
     assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000) == pytest.approx(2e6 / 300)
+    # a 10 µs update per message, serial on the server: worker 0's 200-210, worker 1's 210-220;
+    # worker 0 pulls alone 210-220 (10 B), then both share: worker 0 ends at 300, worker 1 at 310
+    assert simulate_async(2, [100.0], [50], [1], t, 10, 0.0, 2) == pytest.approx(2e6 / 310, rel=1e-6)
 
 
 def test_units():

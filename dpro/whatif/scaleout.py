@@ -316,12 +316,18 @@ def _profiled_servers(job: Job) -> int:
 
 # -- asynchronous SGD -------------------------------------------------------------------------
 def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
-    """Discrete-event simulation of ``c.steps`` steps of asynchronous SGD."""
+    """Discrete-event simulation of ``c.steps`` steps of asynchronous SGD.
+
+    A worker alone runs the synchronous one-worker graph (its pushes overlap its backward
+    pass): its step ``T1`` and compute-only time ``C`` (communication ops zeroed) give the
+    exposed communication ``T1 - C``; each server's bytes are scaled so that one worker in
+    the simulation takes exactly ``T1``, and the simulation adds what the other workers'
+    traffic through the same server ports costs."""
     from dpro.optimizer.ps.costs import fit_update
 
     servers = c.servers or _profiled_servers(job)
     pieces, _ = _ps_pieces(job, base, servers)
-    per_server = [0] * servers
+    per_server = [0.0] * servers
     msgs = [0] * servers
     for ps in pieces.values():
         for p in ps:
@@ -332,10 +338,15 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     for op in list(compute.select(lambda o: o.cat == "COMM")):
         op.dur, op.gap = 0.0, 0.0
     comp_us = compute.simulate().iteration_us
+    solo = _ps_point(job, base.copy(), Cluster(1, servers), t).iteration_us
+    exposed = max(0.0, solo - comp_us)
+    raw = max((2 * (t.alpha * m + t.beta * b) + m * ua + ub * b for b, m in zip(per_server, msgs) if b), default=0.0)
+    k = exposed / raw if raw > 0 else 0.0
     samples = _step_factors(job)
-    res = simulate_async(c.workers, [comp_us * f for f in samples], per_server, msgs, t, ua, ub, c.steps, c.seed)
-    it = c.workers * 1e6 / res if res > 0 else 0.0
-    return Point(c.workers, servers, it, res, {"compute": comp_us})
+    thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
+                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed)
+    it = c.workers * 1e6 / thr if thr > 0 else 0.0
+    return Point(c.workers, servers, it, thr, {"compute": comp_us, "exposed_COMM_alone": exposed})
 
 
 def _step_factors(job: Job) -> list[float]:
@@ -346,64 +357,73 @@ def _step_factors(job: Job) -> list[float]:
     return [x / m for x in d] if m > 0 else [1.0]
 
 
-def simulate_async(workers: int, compute_us: list[float], server_bytes: list[int], server_msgs: list[int],
+def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
                    t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0) -> float:
     """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
-    compute (a sample of ``compute_us``) -> push its gradients and pull the weights from
-    every server (``server_bytes`` each way, ``server_msgs`` messages) -> next step, until
-    ``steps`` steps are done in all. A server's port is shared equally by the workers
-    talking to it at the moment (fluid processor sharing at ``1/beta`` bytes/µs); the
-    server then updates (``update_alpha + update_beta*bytes`` per message, serial per server)."""
+    compute (a sample of ``compute_us``) -> push its gradients to every server (``server_bytes``,
+    ``server_msgs`` messages) -> the server updates (``update_alpha*msgs + update_beta*bytes``,
+    serial per server) -> pull the weights back -> next step, until ``steps`` steps are done
+    in all; no barrier. Each server port has one link per direction at ``1/beta`` bytes/µs,
+    shared equally by the flows through it at the moment (fluid processor sharing); a
+    message's overhead ``alpha`` counts as ``alpha/beta`` bytes of its flow."""
     rng = random.Random(seed)
     bw = 1.0 / t.beta if t.beta > 0 else 1e30
     ns = len(server_bytes)
+    size = [server_bytes[s] + server_msgs[s] * t.alpha * bw for s in range(ns)]
+    active_servers = [s for s in range(ns) if server_bytes[s] > 0]
     now = 0.0
-    events: list[tuple[float, int, int]] = []  # (time, worker, kind 0: compute done)
+    # timers: (time, seq, kind, worker, server); kinds: 0 compute done, 1 update done
+    timers: list[tuple[float, int, int, int, int]] = []
+    seq = 0
     for w in range(workers):
-        heapq.heappush(events, (rng.choice(compute_us), w, 0))
-    flows: list[dict[int, float]] = [dict() for _ in range(ns)]  # server -> worker -> bytes left
+        heapq.heappush(timers, (rng.choice(compute_us), seq, 0, w, -1))
+        seq += 1
+    flows: dict[tuple[int, int], dict[int, float]] = {}  # (server, direction 0 in / 1 out) -> worker -> bytes left
     left = [0] * workers  # servers a worker still waits for
     upd_free = [0.0] * ns
-    pending_done: list[tuple[float, int]] = []  # (time, worker): its last message + update done
     done = 0
     while done < steps:
-        # next flow completion under the current rates
-        nxt_flow, fs = float("inf"), None
-        for s in range(ns):
-            if flows[s]:
-                rate = bw / len(flows[s])
-                w, b = min(flows[s].items(), key=lambda kv: kv[1])
-                if now + b / rate < nxt_flow:
-                    nxt_flow, fs = now + b / rate, (s, w)
-        t_ev = events[0][0] if events else float("inf")
-        t_pd = pending_done[0][0] if pending_done else float("inf")
-        tn = min(nxt_flow, t_ev, t_pd)
+        nxt, which = float("inf"), None
+        for port, fl in flows.items():
+            if fl:
+                w, b = min(fl.items(), key=lambda kv: kv[1])
+                tt = now + b * len(fl) / bw
+                if tt < nxt:
+                    nxt, which = tt, (port, w)
+        tn = min(nxt, timers[0][0] if timers else float("inf"))
         if tn == float("inf"):
             break
-        for s in range(ns):  # advance every flow to tn
-            if flows[s]:
-                rate = bw / len(flows[s])
-                for w in flows[s]:
-                    flows[s][w] -= rate * (tn - now)
+        for fl in flows.values():
+            if fl:
+                moved = (tn - now) * bw / len(fl)
+                for w in fl:
+                    fl[w] -= moved
         now = tn
-        if tn == nxt_flow:
-            s, w = fs
-            del flows[s][w]
-            start = max(now, upd_free[s])
-            upd_free[s] = start + server_msgs[s] * update_alpha + update_beta * server_bytes[s]
-            left[w] -= 1
-            if left[w] == 0:
-                heapq.heappush(pending_done, (max(upd_free[s], now), w))
-        elif tn == t_ev:
-            _, w, _ = heapq.heappop(events)
-            active = [s for s in range(ns) if server_bytes[s] > 0]
-            left[w] = len(active)
-            for s in active:  # push + pull through the server's port, plus each message's overhead
-                flows[s][w] = 2 * server_bytes[s] + 2 * server_msgs[s] * t.alpha * bw
-            if not active:
-                heapq.heappush(pending_done, (now, w))
+        if which is not None and tn == nxt:
+            (srv, direction), w = which
+            del flows[(srv, direction)][w]
+            if direction == 0:  # push arrived: update, then pull
+                start = max(now, upd_free[srv])
+                upd_free[srv] = start + update_alpha * server_msgs[srv] + update_beta * server_bytes[srv]
+                heapq.heappush(timers, (upd_free[srv], seq, 1, w, srv))
+                seq += 1
+            else:
+                left[w] -= 1
+                if left[w] == 0:
+                    done += 1
+                    heapq.heappush(timers, (now + rng.choice(compute_us), seq, 0, w, -1))
+                    seq += 1
+            continue
+        _, _, kind, w, srv = heapq.heappop(timers)
+        if kind == 0:
+            if not active_servers:
+                done += 1
+                heapq.heappush(timers, (now + rng.choice(compute_us), seq, 0, w, -1))
+                seq += 1
+                continue
+            left[w] = len(active_servers)
+            for s_ in active_servers:
+                flows.setdefault((s_, 0), {})[w] = size[s_]
         else:
-            _, w = heapq.heappop(pending_done)
-            done += 1
-            heapq.heappush(events, (now + rng.choice(compute_us), w, 0))
+            flows.setdefault((srv, 1), {})[w] = size[srv]
     return done * 1e6 / now if now > 0 else 0.0
