@@ -66,14 +66,16 @@ def main() -> None:
             for pt in pred["scaling"]:
                 w = pt["workers"]
                 tdir = d / f"truth_{w}w{s}s"
-                meter = fid.CpuMeter()
-                if not list(tdir.glob("timing_rank*.json")):
+                if not (tdir / "load.json").exists():  # measured once; a rerun only predicts again
+                    meter = fid.CpuMeter()
                     pj.run([*pj.job_cmd(o.model, w, s, tdir, pj.WARMUP + 15, o.cap_mbit), "--kvstore", kv],
                            env={**env, "DPRO_DISABLE": "1"})
+                    (tdir / "load.json").write_text(json.dumps({"foreign_cpu_pct": meter.foreign_pct(),
+                                                                "load_avg_1m": os.getloadavg()[0]}))
                 meas = pj.measured_us(tdir, pj.WARMUP)
                 rows.append({"kvstore": kv, "workers": w, "servers": s, "predicted_us": pt["iteration_us"],
                              "measured_us": meas, "error_pct": 100 * (pt["iteration_us"] - meas) / meas,
-                             "foreign_cpu_pct": meter.foreign_pct(), "load_avg_1m": os.getloadavg()[0],
+                             **json.loads((tdir / "load.json").read_text()),
                              "profile_measured_us": pred["measured_iteration_us"]})
                 print(f"# {kv} {w}w{s}s: predicted {pt['iteration_us'] / 1e3:.2f} ms, measured {meas / 1e3:.2f} ms",
                       flush=True)
