@@ -183,7 +183,7 @@ def main() -> None:
         print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "
               f"(machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
-    name = "results.json" if o.cap_mbit is None else f"results_cap{o.cap_mbit:g}.json"
+    name = "results" + ("" if o.cap_mbit is None else f"_cap{o.cap_mbit:g}") + ("" if profiles else "_bandwidth") + ".json"
     (o.out / name).write_text(json.dumps(rows, indent=1))
 
 
