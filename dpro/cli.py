@@ -376,6 +376,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
       dpro whatif ps-traces/ --workers 4 --servers 2 --async
     Graph what-ifs (Daydream's primitives): --apply NAME[:k=v,...], e.g.
       dpro whatif traces/ --apply mixed_precision --apply network:bandwidth=10
+    With scale-out options too, the what-ifs change each worker before it is scaled out.
     """
     from dpro.whatif import available
     from dpro.whatif.platform import load_platform, parse_bandwidth, parse_time_us, parse_workers
@@ -404,18 +405,18 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
     from dpro.job import open_job
 
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
+    calls = []
+    scale_out = counts is not None or bw is not None or lat is not None or servers is not None or asynchronous
     if apply_specs:
         from dpro.whatif import of
         from dpro.whatif.registry import parse_apply
 
         calls = [parse_apply(s, table) for s in apply_specs]
+    if apply_specs and not scale_out:
         g = of(job)
         base = job.replay()
         for fn, params in calls:
-            try:
-                fn(g, **params)
-            except TypeError as e:
-                raise DproInputError(None, f"what-if {fn.__name__}: {e}") from None
+            fn(g, **params)
         r = g.simulate()
         out = {"applied": list(apply_specs), "baseline_iteration_us": base.predicted_iteration_us,
                "predicted_iteration_us": r.iteration_us,
@@ -425,15 +426,14 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
         else:
             click.echo(f"{path}: {', '.join(apply_specs)}: {base.predicted_iteration_us / 1e3:.2f} ms -> "
                        f"{r.iteration_us / 1e3:.2f} ms (x{out['speedup']:.2f})")
-        if counts is None and bw is None and lat is None and servers is None and not asynchronous:
-            return
+        return
     from dpro.whatif.scaleout import Cluster, predict
 
     nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
     pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores,
                    profiled_bandwidth=pbw)
            for n in (counts or [nprof])]
-    res = predict(job, pts, plat)
+    res = predict(job, pts, plat, whatifs=calls)
     if as_json:
         print_json(res.to_json())
         return

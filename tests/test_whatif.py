@@ -221,3 +221,15 @@ def test_cli_load_whatif(tmp_path, monkeypatch):
     r = _cli("whatif", str(EXAMPLE), "--load-whatif", "no_such_module_xyz")
     assert r.exit_code != 0 and "cannot load" in r.output
     sys.modules.pop("my_whatifs", None)
+
+
+def test_cli_apply_with_scale_out_and_bad_what_if_parameters():
+    import json
+
+    r = _cli("whatif", str(EXAMPLE), "--workers", "2", "--json")
+    plain = json.loads(r.output)["predicted_iteration_us"]
+    r = _cli("whatif", str(EXAMPLE), "--workers", "2", "--apply", "compute_speed:factor=2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["predicted_iteration_us"] < plain
+    r = _cli("whatif", str(EXAMPLE), "--apply", "compute_speed:speed=2")
+    assert r.exit_code == 2 and "unexpected keyword" in r.output

@@ -60,4 +60,8 @@ def parse_apply(spec: str, table: dict[str, Callable]) -> tuple[Callable, dict]:
             raise DproInputError(None, f"what-if {name}: parameter {kv!r} is not key=number") from None
         if not eq:
             raise DproInputError(None, f"what-if {name}: parameter {kv!r} is not key=number")
+    try:
+        inspect.signature(table[name]).bind(None, **params)
+    except TypeError as e:
+        raise DproInputError(None, f"what-if {name}: {e}") from None
     return table[name], params

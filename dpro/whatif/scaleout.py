@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -176,8 +177,11 @@ def _simulate_point(g: WhatIfGraph, n: int, servers: int | None) -> Point:
     return Point(n, servers, it, 1e6 / it if it > 0 else 0.0, breakdown(r.graph, r.schedule, owners[:1]))
 
 
-def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None = None) -> ScaleOutResult:
-    """Predict each cluster of ``cluster_points`` (same servers/bandwidth, several worker counts)."""
+def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None = None,
+            whatifs: list[tuple[Callable, dict]] = ()) -> ScaleOutResult:
+    """Predict each cluster of ``cluster_points`` (same servers/bandwidth, several worker
+    counts); ``whatifs``: (function, params) applied to each representative worker's graph
+    first (e.g. mixed precision on 8 workers)."""
     if not cluster_points:
         raise ValueError("no cluster to predict")
     c0 = cluster_points[0]
@@ -194,6 +198,9 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if kind == "ps" and "async" in kvstore and not c0.asynchronous:
         res.notes.append(f"profiled with {kvstore}: --async predicts its throughput")
     reps = _workers(job)
+    for fn, params in whatifs:
+        for g in reps:
+            fn(g, **params)
     if len(reps) > 1:
         res.notes.append(f"each of the {len(reps)} profiled workers predicted as the representative; "
                          "synchronous: the slowest one's iteration")
