@@ -233,3 +233,16 @@ def test_cli_apply_with_scale_out_and_bad_what_if_parameters():
     assert json.loads(r.output)["predicted_iteration_us"] < plain
     r = _cli("whatif", str(EXAMPLE), "--apply", "compute_speed:speed=2")
     assert r.exit_code == 2 and "unexpected keyword" in r.output
+
+
+@pytest.mark.parametrize("comm, expected", [(0.0, 200.0), (50.0, 200.0), (100.0, 200.0), (150.0, 250.0)])
+def test_workers_sharing_cores(comm, expected):
+    """4 workers of 100 µs CPU a step on 2 cores need steps of >= 200 µs: compute slows until
+    the step is that long (CPU-bound: x2), waits on the network lend their cores."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point
+
+    g = WhatIfGraph()
+    a = _op(g, "fw", 100.0)
+    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=comm, comm_device=True))
+    p = _oversubscribed(g, Cluster(4, host_cores=2), lambda h: _simulate_point(h, 4, None))
+    assert p.iteration_us == pytest.approx(expected, rel=1e-4)

@@ -214,20 +214,44 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
 
 
 # -- all-reduce -------------------------------------------------------------------------------
-def _oversubscribe(g: WhatIfGraph, c: Cluster) -> None:
-    """N single-threaded workers on C < N cores: compute runs at C/N of its pace (the
-    compute_speed what-if)."""
-    if c.host_cores and c.workers > c.host_cores:
-        from dpro.whatif.builtin import compute_speed
+def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point]) -> Point:
+    """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
 
-        compute_speed(g, factor=c.host_cores / c.workers)
+    Each worker needs ``busy`` µs of CPU a step (its computation ops); N of them fit on C
+    cores only if the step lasts at least ``N*busy/C``. Processor sharing slows every
+    computation op by the least factor ``f`` in ``[1, N/C]`` with ``T(f) >= N*busy/C``
+    (bisection: the step ``T`` grows with ``f``). A CPU-bound job slows by N/C; one whose
+    workers wait on the network lends those waits to the others (workers not in lockstep)."""
+    n, cores = c.workers, c.host_cores
+    if not cores or n <= cores:
+        return point(g.copy())
+    from dpro.whatif.builtin import compute_speed
+
+    busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
+    need = n * busy / cores
+
+    def at(f: float) -> Point:
+        h = g.copy()
+        compute_speed(h, factor=1.0 / f)
+        return point(h)
+
+    lo, hi = 1.0, n / cores
+    first = at(lo)
+    if first.iteration_us >= need:
+        return first
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        if at(mid).iteration_us >= need:
+            hi = mid
+        else:
+            lo = mid
+    return at(hi)
 
 
 def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
-    _oversubscribe(g, c)
     for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"):
         op.dur = allreduce_us(op.bytes, c.workers, t, c.algorithm)
-    return _simulate_point(g, c.workers, None)
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, None))
 
 
 # -- parameter server -------------------------------------------------------------------------
@@ -262,7 +286,6 @@ def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_
 
 def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     """Synchronous PS: the worker's pushes and pulls re-costed and re-placed, one step."""
-    _oversubscribe(g, c)
     from dpro.optimizer.ps.costs import fit_update
     from dpro.optimizer.ps.layout import base_name
 
@@ -299,7 +322,7 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
             for a in after:
                 g.connect(e, a)
     g.schedule(lambda op: (0.0 if op.id in heads or op.cat != "COMM" else 1e12) + op.prio)
-    return _simulate_point(g, c.workers, servers)
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers))
 
 
 def _message(g: WhatIfGraph, before, name: str, device: str, node: str, nbytes: int, cost: Transfer,
