@@ -49,23 +49,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per variant (the first before the prediction)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--amp-factors", type=Path, default=None,
+                    help="DPRO_AMP_FACTORS for the prediction (default: measured here by benchmarks/amp_calibration.py)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-variants"))
     o = ap.parse_args()
     fid = _fid()
     o.out.mkdir(parents=True, exist_ok=True)
-    base = ["--model", o.model, "--steps", str(o.steps)]
+    base = ["--model", o.model, "--steps", str(o.steps), "--warmup", str(o.warmup)]
     trace = o.out / "plain"
     if not trace.exists():
         train([*base, "--profile-dir", str(trace)])
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    factors = o.amp_factors or o.out / "amp_factors.json"
+    if not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "amp_calibration.py"), "--repeats", "5",
+                        "--json", str(factors)], check=True, capture_output=True, timeout=1800)
+    env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_AMP_FACTORS=str(factors))
     rows = []
-    for name, (opts, spec) in VARIANTS.items():
+    for name in o.variants.split(","):
+        opts, spec = VARIANTS[name]
         meter = fid.CpuMeter()
         steps = train([*base, *opts], o.out / f"{name}_0.json")
         p = subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(trace), "--apply", spec, "--json"],
                            check=True, capture_output=True, text=True, env=env)
         pred = json.loads(p.stdout)
-        steps += train([*base, *opts], o.out / f"{name}_1.json")
+        for k in range(1, o.runs):
+            steps += train([*base, *opts], o.out / f"{name}_{k}.json")
         plain = train(base, o.out / f"plain_{name}.json")
         meas = statistics.median(steps)
         rows.append({"variant": name, "whatif": spec, "predicted_us": pred["predicted_iteration_us"],
