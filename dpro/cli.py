@@ -70,6 +70,8 @@ def cli(verbose: int) -> None:
       dpro validate traces/          check a trace directory
       dpro align traces/             clock offsets between hosts (CVXPY)
       dpro optimize traces/ -o out/  a faster strategy (fusion, partition) and its settings
+      dpro whatif traces/ --workers 2,4,8   what if: more workers/servers, another network, AMP, ...
+      dpro calibrate -o platform.json       this machine's all-reduce cost, for dpro whatif --platform
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
       dpro import byteps DIR -o OUT  convert BytePS traces (docs/byteps.md)
       dpro import pslite DIR -o OUT  convert ps-lite message traces (docs/pslite.md)
