@@ -83,11 +83,16 @@ def main() -> None:
                      "baseline_predicted_us": pred["baseline_iteration_us"], "measured_us": meas,
                      "plain_measured_us": statistics.median(plain),
                      "error_pct": 100 * (pred["predicted_iteration_us"] - meas) / meas,
+                     # against the drift of a shared machine: the change, each side against its own baseline
+                     "predicted_ratio": pred["predicted_iteration_us"] / pred["baseline_iteration_us"],
+                     "measured_ratio": meas / statistics.median(plain),
                      "foreign_cpu_pct": meter.foreign_pct(), "load_avg_1m": os.getloadavg()[0]})
-    print(f"{'variant':14} {'what-if':30} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'plain ms':>9} {'foreign %':>9}")
+    print(f"{'variant':14} {'what-if':30} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'plain ms':>9} "
+          f"{'pred x':>7} {'meas x':>7} {'foreign %':>9}")
     for r in rows:
         print(f"{r['variant']:14} {r['whatif']:30} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} "
-              f"{r['error_pct']:+7.1f} {r['plain_measured_us'] / 1e3:9.2f} {r['foreign_cpu_pct'] or 0:9.0f}")
+              f"{r['error_pct']:+7.1f} {r['plain_measured_us'] / 1e3:9.2f} {r['predicted_ratio']:7.3f} "
+              f"{r['measured_ratio']:7.3f} {r['foreign_cpu_pct'] or 0:9.0f}")
     print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     (o.out / "results.json").write_text(json.dumps(rows, indent=1))
 
