@@ -246,3 +246,19 @@ def test_workers_sharing_cores(comm, expected):
     g.insert([a], Op(name="ar", cat="COMM", device="link", dur=comm, comm_device=True))
     p = _oversubscribed(g, Cluster(4, host_cores=2), lambda h: _simulate_point(h, 4, None))
     assert p.iteration_us == pytest.approx(expected, rel=1e-4)
+
+
+def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
+    """The golden Horovod recording (2 workers, gloo): the profiled cluster predicts what
+    `dpro replay` does, more workers take longer (ring: 2(N-1)/N of the bytes per link)."""
+    import dpro
+    from dpro.whatif.scaleout import Cluster, predict
+
+    rec = Path(__file__).resolve().parent / "data" / "golden" / "recordings" / "horovod_torch_mlp" / "raw"
+    r = _cli("collect", str(rec), "-o", str(tmp_path / "hvd"))
+    assert r.exit_code == 0, r.output
+    job = dpro.open(tmp_path / "hvd")
+    res = predict(job, [Cluster(n) for n in (2, 4, 8)])
+    it = [p.iteration_us for p in res.points]
+    assert it[0] == pytest.approx(job.replay().predicted_iteration_us, rel=0.02)
+    assert it[0] < it[1] < it[2]
