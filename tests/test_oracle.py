@@ -198,3 +198,25 @@ def test_trace_without_shapes(run_cli, tmp_path: Path) -> None:
         f.write_bytes(gzip.compress(json.dumps(dfg).encode()))
     code, _, err = run_cli("oracle", d, "--devices", "2")
     assert code == 2 and "no recorded layer shapes" in err and "record_shapes" in err
+
+
+def test_simulate() -> None:
+    """--simulate: one group without overlap replays the analytical sum; GPipe's schedule
+    (hand-computed: stage 0 conv 40/80 µs per micro-batch, stage 1 fc 4/8, sends 20.24)."""
+    from dpro.oracle.simulate import simulate_prediction
+
+    opts = Options(batch=B, micro=2)
+    for s in ("data", "filter", "channel", "spatial"):
+        x = run(s, 2)
+        assert simulate_prediction(two_layers(), x, PLAT, opts) == pytest.approx(x.iteration_us), s
+    pipe = run("pipeline", 2, micro=2)
+    assert simulate_prediction(two_layers(), pipe, PLAT, opts) == pytest.approx(295.48)
+    # 2 data groups' layer-wise collectives queue on one link: no faster than one group alone
+    df = run("data+filter", 4)
+    assert simulate_prediction(two_layers(), df, PLAT, Options(batch=B)) >= df.compute_us + 71.04 / 2
+
+
+def test_cores_slowdown() -> None:
+    plat = Platform(10.0, 0.01, cores=2)
+    x = predict(two_layers(), "data", 4, plat, Options(batch=B))
+    assert x.compute_us == pytest.approx(((10 + 20 + 1 + 2) * 8 / 4 + 8) * 2)

@@ -259,7 +259,14 @@ class Options:
 
 
 def predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
-    """The best grid of ``strategy`` on ``p`` devices (hybrids: every p1 x p2 = p with both > 1)."""
+    """The best grid of ``strategy`` on ``p`` devices (hybrids: every p1 x p2 = p with both > 1);
+    compute is slowed by the platform's core sharing (:meth:`Platform.slowdown`)."""
+    pr = _predict(m, strategy, p, platform, opts)
+    pr.compute_us *= platform.slowdown(p)
+    return pr
+
+
+def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
     link = Link(platform.alpha_us, platform.beta_us_per_byte)
     B, g = opts.batch, opts.gamma
     lim = Limits.of(m, B)

@@ -12,7 +12,8 @@ layer, over the job's typical steps and averaged over the workers:
   output channels F, kernel, stride; sizes in bytes per sample, weights from the trace's
   parameter list (else from the recorded weight shape).
 
-Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
+With dpro's recorder's overhead measured (the steps after the window), every time is
+scaled by it, as ``dpro replay`` predicts the unprofiled job. Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
 ``(rest)``, run by every rank on its whole batch. OTHER ops (step markers, zero_grad...)
 are a fixed ``overhead_us`` per iteration.
 """
@@ -212,6 +213,13 @@ def model_profile(job: Job) -> ModelProfile:
     def avg(name: str, k: int) -> float:
         return mean([sum(p[m][k] for m in p if m == name or (name == "(rest)" and m in missing)) for p in per])
 
+    # the recorder's own overhead taken out, as `dpro replay` does (dpro/graph/overhead.py)
+    ov = job.profiling_overhead
+    k = ov.factor if ov is not None else 1.0
+    if k != 1.0:
+        notes.append(f"profiling overhead taken out of the layer times: x{k:.3f} ({ov.pct:+.1f}% in the window)")
+        per = [{n: [v * k for v in a] for n, a in acc.items()} for acc in per]
+        wu_total, overhead = wu_total * k, [o * k for o in overhead]
     layers = [Layer(name=n, fw_us=avg(n, 0) / batch, fw_call_us=avg(n, 1), bw_us=avg(n, 2) / batch, bw_call_us=avg(n, 3),
                     wu_us=wu_total * fields[n].get("w_bytes", 0) / total_w, **fields[n]) for n in names]
     rest = Layer(name="(rest)", kind=OTHER, fw_us=avg("(rest)", 0) / batch, fw_call_us=avg("(rest)", 1),

@@ -77,8 +77,9 @@ class OracleResult:
                  "memory_bytes": x.memory_bytes, "feasible": x.feasible, "limit": x.limit,
                  "limit_reason": x.limit_reason, "rank": x.rank, "bottleneck": x.bottleneck,
                  "contention": x.contention, "grid": x.grid, "launcher": self.launcher(x)}
-            if (x.strategy, x.devices) in self.simulated:
-                d["simulated_iteration_us"] = self.simulated[(x.strategy, x.devices)]
+            sim = self.simulated.get((x.strategy, x.devices))
+            if sim is not None:
+                d["simulated_iteration_us"] = sim if math.isfinite(sim) else None
             rows.append(d)
         return {
             "batch": self.batch, "devices": self.devices, "memory_budget_bytes": self.memory_budget,

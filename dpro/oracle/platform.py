@@ -3,7 +3,9 @@
 From a platform file (``--platform FILE``), else fitted from the trace's own collectives
 (dpro/graph/comm_model.py: the replayer's ring fit). A platform file is a JSON object
 ``{"alpha_us": 25.0, "beta_us_per_byte": 0.0008}`` (more keys are ignored, so the file
-``dpro calibrate`` writes can be given as is when it holds these two keys).
+``dpro calibrate`` writes can be given as is when it holds these two keys), optionally
+with ``"cores": N``: the CPU cores of one host when the devices are processes of one
+host (CPU training: p processes on fewer cores share them, so compute takes p/N longer).
 """
 
 from __future__ import annotations
@@ -23,9 +25,16 @@ class Platform:
     alpha_us: float
     beta_us_per_byte: float
     source: str = ""
+    #: cores shared by the devices (processes of one host), None: one device each
+    cores: int | None = None
+
+    def slowdown(self, devices: int) -> float:
+        """Compute time factor of ``devices`` processes sharing :attr:`cores`."""
+        return max(1.0, devices / self.cores) if self.cores else 1.0
 
     def to_json(self) -> dict:
-        return {"alpha_us": self.alpha_us, "beta_us_per_byte": self.beta_us_per_byte, "source": self.source}
+        return {"alpha_us": self.alpha_us, "beta_us_per_byte": self.beta_us_per_byte, "source": self.source,
+                "cores": self.cores}
 
 
 def read_platform(path: str | Path) -> Platform:
@@ -41,7 +50,10 @@ def read_platform(path: str | Path) -> Platform:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
             raise DproInputError(path, f"platform file: {k!r} must be a number >= 0 (got {v!r})")
         vals.append(float(v))
-    return Platform(vals[0], vals[1], str(path))
+    cores = d.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise DproInputError(path, f"platform file: 'cores' must be an integer >= 1 (got {cores!r})")
+    return Platform(vals[0], vals[1], str(path), cores)
 
 
 def platform_of(job: Job, path: str | Path | None = None) -> Platform:

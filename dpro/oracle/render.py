@@ -30,7 +30,7 @@ def print_oracle(res: OracleResult, path: Path) -> None:
             phases = " ".join(f"{_SHORT[k]} {v / 1e3:.2f}" for k, v in x.communication_us.items() if v and math.isfinite(v))
             sim = res.simulated.get((x.strategy, n))
             tail = x.bottleneck if x.feasible else f"infeasible: {x.limit_reason}"
-            click.echo(f"  {x.strategy:<13} {x.rank or '-':>4}  {_ms(x.iteration_us)}{'' if sim is None else f' (sim {sim / 1e3:.2f})'}"
+            click.echo(f"  {x.strategy:<13} {x.rank or '-':>4}  {_ms(x.iteration_us)}{'' if sim is None or not math.isfinite(sim) else f' (sim {sim / 1e3:.2f})'}"
                        f"   {_ms(x.compute_us)}  {phases or '-':<36} {x.memory_bytes / 2**20:10.1f}  {tail}")
         best = res.best(n)
         if best is not None:
