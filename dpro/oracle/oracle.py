@@ -95,14 +95,29 @@ class OracleResult:
         }
 
 
+def memory_reuse(job: Job, model: ModelProfile) -> tuple[float, str]:
+    """ParaDL's memory reuse factor γ: the profiled job's peak memory (dpro's memory model
+    on the recorded allocations, docs/memory.md) over the naive sum for the profiled
+    data-parallel configuration; 1 without recorded allocations."""
+    from dpro.oracle.formulas import _memory
+
+    peaks = [m.peak_bytes for m in job.replay().memory.values() if m.source == "allocations"]
+    naive = _memory(model.layers, model.batch, 1.0, 1.0)
+    if not peaks or naive <= 0:
+        return 1.0, "memory reuse factor γ = 1 (no allocations recorded: memory is ParaDL's naive sum)"
+    g = max(peaks) / naive
+    return g, f"memory reuse factor γ = {g:.3f}: the profiled peak {max(peaks)} bytes over the naive sum {naive}"
+
+
 def run_oracle(job: Job, devices: list[int], *, batch: int | None = None, memory_budget: int | None = None,
                platform: str | None = None, strategies: tuple[str, ...] = STRATEGIES, micro: int | None = None,
-               gamma: float = 1.0, contention: bool = True, simulate: bool = False) -> OracleResult:
+               gamma: float | None = None, contention: bool = True, simulate: bool = False) -> OracleResult:
     """Predict ``strategies`` on each of ``devices`` for the model profiled in ``job``.
 
     ``batch``: the global batch (default: the profiled per-device batch times the job's
     workers); ``platform``: a platform file (default: the link cost fitted from the trace);
-    ``simulate``: also replay each feasible prediction's DFG (dpro/oracle/simulate.py).
+    ``simulate``: also replay each feasible prediction's DFG (dpro/oracle/simulate.py);
+    ``gamma``: ParaDL's memory reuse factor (default: :func:`memory_reuse`).
     """
     where = job.path or "trace"
     bad = [p for p in devices if not isinstance(p, int) or p < 1]
@@ -114,13 +129,17 @@ def run_oracle(job: Job, devices: list[int], *, batch: int | None = None, memory
     if batch < 1:
         raise DproInputError(where, f"--batch must be >= 1 (got {batch})")
     plat = platform_of(job, platform)
+    notes = []
+    if gamma is None:
+        gamma, how = memory_reuse(job, model)
+        notes.append(how)
     opts = Options(batch=batch, memory_budget=memory_budget, gamma=gamma, micro=micro, contention=contention)
     preds = [predict(model, s, p, plat, opts) for p in devices for s in strategies]
     for p in devices:
         ok = sorted((x for x in preds if x.devices == p and x.feasible), key=lambda x: x.iteration_us)
         for i, x in enumerate(ok, 1):
             x.rank = i
-    res = OracleResult(model, plat, batch, list(devices), preds, memory_budget)
+    res = OracleResult(model, plat, batch, list(devices), preds, memory_budget, notes=notes)
     if simulate:
         from dpro.oracle.simulate import simulate_prediction
 
