@@ -137,7 +137,7 @@ def test_model_from_real_trace() -> None:
 
 
 def test_cli_json(run_cli) -> None:
-    code, out, err = run_cli("oracle", DATA, "--devices", "2,4,8", "--memory", "12MiB", "--json")
+    code, out, err = run_cli("oracle", DATA, "--devices", "2,4,8", "--memory", "4MiB", "--json")
     assert code == 0, err
     d = json.loads(out)
     rows = {(r["strategy"], r["devices"]): r for r in d["strategies"]}
@@ -148,6 +148,11 @@ def test_cli_json(run_cli) -> None:
     assert rows[("channel", 8)]["limit"] == "channels" and rows[("pipeline", 8)]["limit"] == "layers"
     assert rows[("data", 2)]["rank"] == 1 or rows[("data", 2)]["feasible"]
     assert rows[("filter", 2)]["limit"] == "memory"
+    # gamma is fitted so that the profiled configuration (data, 2 x 16 samples) predicts the
+    # recorded peak (dpro's memory model on the trace's allocations)
+    peak = max(m.peak_bytes for m in __import__("dpro").open(DATA).replay().memory.values())
+    assert rows[("data", 2)]["memory_bytes"] == pytest.approx(peak, abs=2)
+    assert any("memory reuse factor" in n for n in d["notes"])
     assert "--micro" in rows[("pipeline", 4)]["launcher"]
 
 
