@@ -117,10 +117,21 @@ def _numel(dims: list[int]) -> int:
     return math.prod(dims) if dims else 0
 
 
-def _shape_fields(info: dict) -> dict:
-    """Layer fields from one layer's first op's recorded shapes."""
-    dims = info.get("dims") or []
-    x = [int(v) for v in dims[0]] if dims and isinstance(dims[0], list) else []
+def _batch(shapes: dict[str, dict]) -> int:
+    """The profiled per-device batch: the most common leading dimension of the layers'
+    first inputs (an embedding's first input is its table, not the batch)."""
+    from collections import Counter
+
+    lead = Counter(int(s["dims"][0][0]) for s in shapes.values()
+                   if s.get("dims") and isinstance(s["dims"][0], list) and len(s["dims"][0]) >= 2)
+    return lead.most_common(1)[0][0] if lead else 0
+
+
+def _shape_fields(info: dict, batch: int) -> dict:
+    """Layer fields from one layer's first op's recorded shapes (its input: the first
+    tensor whose leading dimension is the batch)."""
+    dims = [d for d in (info.get("dims") or []) if isinstance(d, list)]
+    x = next(([int(v) for v in d] for d in dims if d and d[0] == batch), [int(v) for v in dims[0]] if dims else [])
     types = info.get("types") or ["float"]
     dt = DTYPE_BYTES.get(str(types[0]).lower(), 4)
     kind = _kind(str(info.get("op", "")))
@@ -162,7 +173,7 @@ def model_profile(job: Job) -> ModelProfile:
         raise DproInputError(where, f"no layer annotations in the trace; {NEEDS}")
     if not shapes:
         raise DproInputError(where, f"no recorded layer shapes in the trace; {NEEDS}")
-    batch = next((int(s["dims"][0][0]) for s in shapes.values() if s.get("dims") and s["dims"][0]), 0)
+    batch = _batch(shapes)
     if batch <= 0:
         raise DproInputError(where, f"cannot tell the profiled batch from the recorded shapes; {NEEDS}")
     # per worker: layer -> [fw dur, fw gap, bw dur, bw gap], in forward order
@@ -199,7 +210,7 @@ def model_profile(job: Job) -> ModelProfile:
     names = sorted((n for n in order if n in shapes), key=lambda n: order[n])
     missing = sorted(n for n in order if n not in shapes)
     notes = [f"layers without recorded shapes, counted with (rest): {', '.join(missing)}"] if missing else []
-    fields = {n: _shape_fields(shapes[n]) for n in names}
+    fields = {n: _shape_fields(shapes[n], batch) for n in names}
     for i, n in enumerate(names):  # a layer's output is the next layer's input
         f = fields[n]
         if i + 1 < len(names):
