@@ -225,3 +225,15 @@ def test_cores_slowdown() -> None:
     plat = Platform(10.0, 0.01, cores=2)
     x = predict(two_layers(), "data", 4, plat, Options(batch=B))
     assert x.compute_us == pytest.approx(((10 + 20 + 1 + 2) * 8 / 4 + 8) * 2)
+
+
+def test_cli_simulate(run_cli) -> None:
+    code, out, err = run_cli("oracle", DATA, "--devices", "2,4", "--simulate", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["strategies"]
+    for r in rows:
+        assert ("simulated_iteration_us" in r) == r["feasible"], r["strategy"]
+        if r["feasible"] and r["strategy"] in ("data", "filter", "channel", "spatial"):  # one group: the sum
+            assert r["simulated_iteration_us"] == pytest.approx(r["iteration_us"], rel=1e-9)
+        if r["feasible"] and r["strategy"] == "pipeline":  # the schedule fills some of the bubbles
+            assert r["simulated_iteration_us"] < r["iteration_us"]

@@ -15,7 +15,7 @@ where m is the whole buffer (the all-gather's result). Times µs, sizes bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dpro.oracle.layers import CHANNELWISE, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
@@ -255,7 +255,6 @@ class Options:
     gamma: float = 1.0
     micro: int | None = None
     contention: bool = True
-    extra: dict = field(default_factory=dict)
 
 
 def predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
@@ -293,8 +292,6 @@ def _mark(pr: Prediction, lim: tuple[str, str] | None, opts: Options) -> None:
         lim = ("memory", f"{pr.memory_bytes} bytes per device > the budget of {opts.memory_budget}")
     if lim is not None:
         pr.feasible, (pr.limit, pr.limit_reason) = False, lim
-    if strategy_comm := pr.communication_us:
-        top = max(strategy_comm, key=lambda k: strategy_comm[k])
-        pr.bottleneck = top if strategy_comm[top] > pr.compute_us else "compute"
-    else:
-        pr.bottleneck = "compute"
+    comm = pr.communication_us
+    top = max(comm, key=lambda k: comm[k]) if comm else None
+    pr.bottleneck = top if top is not None and comm[top] > pr.compute_us else "compute"

@@ -78,8 +78,9 @@ class OracleResult:
                  "limit_reason": x.limit_reason, "rank": x.rank, "bottleneck": x.bottleneck,
                  "contention": x.contention, "grid": x.grid, "launcher": self.launcher(x)}
             sim = self.simulated.get((x.strategy, x.devices))
-            if sim is not None:
+            if sim is not None:  # what the replayed schedule leaves of the communication exposed
                 d["simulated_iteration_us"] = sim if math.isfinite(sim) else None
+                d["simulated_exposed_communication_us"] = max(0.0, sim - x.compute_us) if math.isfinite(sim) else None
             rows.append(d)
         return {
             "batch": self.batch, "devices": self.devices, "memory_budget_bytes": self.memory_budget,
