@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         "aggregated": data.gantt.aggregated, "critical_path_ops": len(r.critical_path),
         "html_bytes": len(text.encode()), "build_and_replay_s": replay_s, "report_build_s": report_s,
         "open_s": times, "open_median_s": statistics.median(times), "page": info,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
     }
     if a.json:
         print(json.dumps(out))
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"({'aggregated' if out['aggregated'] else 'every op'}), {out['critical_path_ops']:,} critical-path ops; "
               f"built in {report_s:.1f} s")
         print(f"open in chromium (to window.__dproReady): median {out['open_median_s']:.2f} s over {a.repeat} "
-              f"({', '.join(f'{t:.2f}' for t in times)}); console errors: {len(info['console_errors'])}")
+              f"({', '.join(f'{t:.2f}' for t in times)}); console errors: {len(info['console_errors'])}; "
+              f"load average {' '.join(out['loadavg'])}")
     return out
 
 

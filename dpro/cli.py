@@ -169,7 +169,8 @@ def report(path: Path, output: Path, run_optimize: bool, budget: float, png_dir:
     if run_optimize:
         with progress_pulse("optimizing") as tick:
             opt = job.optimize(budget_s=budget, tick=tick)
-    written = write_report(job, output, optimized=opt, extra=extra, png_dir=png_dir)
+    with progress_pulse("writing the report") as tick:
+        written = write_report(job, output, optimized=opt, extra=extra, png_dir=png_dir, tick=tick)
     if as_json:
         print_json(written.to_json())
         return

@@ -9,8 +9,6 @@ to the breakdown's mean ``exposed_COMM``.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
 from dpro.graph.compiled import CAT_CODE, CompiledGraph
@@ -55,20 +53,37 @@ def exposed_by_collective(g: CompiledGraph, sched: Schedule, owners: list[int]) 
     comm_dev = g.device_is_comm[g.device]
     on_gpu = np.array([d.split("/", 1)[-1].startswith("gpu") for d in g.devices], dtype=bool)[g.device]
     start, end = np.asarray(sched.start, float), np.asarray(sched.end, float)
-    acc: dict[str, float] = defaultdict(float)
+    owner = np.asarray(g.device_owner)[g.device]
+    wanted = np.isin(owner, owners)
+    comm_all = np.flatnonzero(wanted & (comm_dev | (g.cat == CAT_CODE["COMM"])) & (end > start))
+    keys, cid = np.unique([collective_of(g.names[i]) for i in comm_all], return_inverse=True)
+    compute_all = np.flatnonzero(wanted & ~comm_dev)
+    comm_by = _split_by(owner, comm_all)
+    compute_by = _split_by(owner, compute_all)
+    pos_by = _split_by(owner, comm_all, positions=True)
+    acc = np.zeros(len(keys))
     for o in owners:
-        own = g.device_owner[g.device] == o
-        compute = own & ~comm_dev
-        if (compute & on_gpu).any():
-            compute &= on_gpu
-        comm = np.flatnonzero(own & (comm_dev | (g.cat == CAT_CODE["COMM"])) & (end > start))
-        if not len(comm):
+        comm, pos = comm_by.get(o), pos_by.get(o)
+        if comm is None:
             continue
+        compute = compute_by.get(o, np.zeros(0, np.int64))
+        if on_gpu[compute].any():
+            compute = compute[on_gpu[compute]]  # on a GPU worker the host only launches: count the streams
         per = _exposed_per_op(start[comm], end[comm], merge(start[compute], end[compute]))
-        for i, v in zip(comm, per):
-            if v > 0:
-                acc[collective_of(g.names[i])] += float(v)
+        acc += np.bincount(cid[pos], weights=per, minlength=len(keys))
     n = max(1, len(owners))
-    total = sum(acc.values())
-    rows = [{"collective": k, "exposed_us": v / n, "share": v / total if total else 0.0} for k, v in acc.items()]
+    total = float(acc.sum())
+    rows = [{"collective": str(k), "exposed_us": float(v) / n, "share": float(v) / total if total else 0.0}
+            for k, v in zip(keys, acc) if v > 0]
     return sorted(rows, key=lambda r: -r["exposed_us"])
+
+
+def _split_by(owner: np.ndarray, idx: np.ndarray, positions: bool = False) -> dict[int, np.ndarray]:
+    """``idx`` grouped by the owner of each op (or, with ``positions``, their positions in ``idx``)."""
+    if not len(idx):
+        return {}
+    order = np.argsort(owner[idx], kind="stable")
+    own = owner[idx][order]
+    cuts = np.flatnonzero(np.diff(own)) + 1
+    vals = order if positions else idx[order]
+    return {int(own[c[0]]): v for c, v in zip(np.split(np.arange(len(own)), cuts), np.split(vals, cuts))}
