@@ -4,7 +4,6 @@ the Vega bundle (from vl-convert), the page's script and style, all inline."""
 from __future__ import annotations
 
 import html
-from functools import lru_cache
 from importlib import resources
 
 import orjson
@@ -16,7 +15,6 @@ from dpro.report.html.model import ReportData
 CRITICAL_ROWS = 2000
 
 
-@lru_cache(maxsize=1)
 def vega_bundle() -> str:
     """Vega, Vega-Lite and vega-embed as one script (vl-convert ships it; ~0.9 MB)."""
     import vl_convert
