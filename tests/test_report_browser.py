@@ -128,3 +128,31 @@ def test_real_recording_with_optimize_in_chromium(browser, recorded: Path, tmp_p
     assert page.locator("#chart-bucket_sweep g.mark-symbol path").count() >= 10
     assert page.locator("#memory-peaks td").first.inner_text().startswith("worker")
     page.close()
+
+
+def test_aggregated_gantt_in_chromium(browser, tmp_path: Path) -> None:
+    """A job above the Gantt's op limit (here forced to 40): the page says it is aggregated,
+    every critical-path op is still drawn, the hover of a merged box counts its ops."""
+    import dpro
+    from dpro.report.html.model import build_report
+    from dpro.report.html.page import render_page
+
+    job = dpro.open(BUNDLED)
+    r = job.replay()
+    html = tmp_path / "agg.html"
+    html.write_text(render_page(build_report(job, max_ops=40)), encoding="utf-8")
+    page, console, requests = _open(browser, html, tmp_path / "agg.png")
+    assert [c for c in console if c[0] in ("error", "pageerror")] == [] and requests == [html.as_uri()]
+    assert "Aggregated" in page.locator("#aggregated").inner_text()
+    info = page.evaluate("window.__dpro")
+    assert info["lanes"] == len(r.graph.devices) and info["drawnOps"] < r.graph.n
+    assert sorted(info["criticalOps"]) == sorted(p.name for p in r.critical_path)
+    # hover a merged box: the longest non-critical op sits in one
+    g, s = r.graph, r.schedule
+    on_path = {p.name for p in r.critical_path}
+    i = max((k for k in range(g.n) if g.names[k] not in on_path), key=lambda k: s.end[k] - s.start[k])
+    box = page.locator("#gantt-canvas").bounding_box()
+    page.mouse.move(box["x"] + (s.start[i] + (s.end[i] - s.start[i]) / 2) / s.makespan * info["width"],
+                    box["y"] + (int(g.device[i]) + 0.5) * info["laneHeight"])
+    assert "ops merged" in page.locator("#gantt-tip").inner_text()
+    page.close()
