@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,8 +16,6 @@ from dpro.report.html.model import HasJson, ReportData, build_report
 if TYPE_CHECKING:
     from dpro.job import Job
     from dpro.optimizer.optimize import OptimizeResult
-
-log = logging.getLogger(__name__)
 
 __all__ = ["ReportData", "WrittenReport", "build_report", "timeline_path", "write_report"]
 

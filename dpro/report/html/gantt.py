@@ -47,7 +47,9 @@ class GanttData:
     bins_per_lane: int = 0
 
     def to_json(self) -> dict:
-        r = lambda a: np.round(a, 3).tolist()  # noqa: E731 (sub-ns precision is noise)
+        def r(a: np.ndarray) -> list[float]:
+            return np.round(a, 3).tolist()  # ns precision: finer is noise
+
         return {
             "lanes": self.lanes, "lane_owner": self.lane_owner, "makespan_us": self.makespan_us,
             "total_ops": self.total_ops, "shown": int(len(self.start)), "aggregated": self.aggregated,

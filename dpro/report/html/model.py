@@ -8,7 +8,6 @@ points is drawn as a scaling curve (:func:`scaling_points`).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
     from dpro.job import Job
     from dpro.optimizer.optimize import OptimizeResult
     from dpro.replayer.replay import ReplayResult
-
-log = logging.getLogger(__name__)
 
 
 class HasJson(Protocol):

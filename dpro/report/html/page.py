@@ -79,7 +79,8 @@ def _gantt(d: dict) -> str:
     legend = "".join(f'<span><i style="background:{c}"></i>{k}</span>' for k, c in
                      {"FW": "#4e79a7", "BW": "#f28e2b", "UPDATE": "#59a14f", "IO": "#b07aa1", "COMM": "#e15759",
                       "OTHER": "#9c9c9c"}.items())
-    legend += '<span><i style="background:#fff;border:1px solid #000"></i>critical path (red line)</span>'
+    legend += ('<span><i style="background:#fff;border:1px solid #000"></i><i style="background:#c00"></i>critical path '
+               '(outlined; red where narrow; joined by a red line)</span>')
     return (f'{agg}<p class="legend">{legend}</p><p class="muted">{len(g["lanes"])} lanes (one per device), '
             f'<span id="gantt-range"></span>. Wheel: zoom; drag: pan; double-click: reset; hover: the op.</p>'
             '<div id="gantt-wrap"><div id="gantt-labels"></div><div id="gantt-canvas-box"><canvas id="gantt-canvas">'

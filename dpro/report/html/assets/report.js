@@ -55,12 +55,12 @@
         ctx.lineTo(x + ops.dur[i] * sx, y);
       });
       ctx.stroke();
-      for (const i of crit) {
-        const x = (ops.start[i] - t0) * sx, w = Math.max(ops.dur[i] * sx, 1.5);
-        ctx.fillStyle = fill[ops.cat[i]];
-        ctx.fillRect(x, ops.lane[i] * laneH + 1, w, laneH - 2);
-        ctx.strokeStyle = "#000"; ctx.lineWidth = 1;
-        ctx.strokeRect(x, ops.lane[i] * laneH + 1, w, laneH - 2);
+      ctx.strokeStyle = "#000"; ctx.lineWidth = 1;
+      for (const i of crit) {   // outlined where wide enough to see the category inside, else red
+        const x = (ops.start[i] - t0) * sx, w = Math.max(ops.dur[i] * sx, 1.5), y = ops.lane[i] * laneH + 1;
+        ctx.fillStyle = w >= 4 ? fill[ops.cat[i]] : "#c00";
+        ctx.fillRect(x, y, w, laneH - 2);
+        if (w >= 4) ctx.strokeRect(x, y, w, laneH - 2);
       }
       document.getElementById("gantt-range").textContent = ms(t0) + " – " + ms(t1);
     }
