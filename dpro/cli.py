@@ -70,6 +70,7 @@ def cli(verbose: int) -> None:
       dpro validate traces/          check a trace directory
       dpro align traces/             clock offsets between hosts (CVXPY)
       dpro optimize traces/ -o out/  a faster strategy (fusion, partition) and its settings
+      dpro report traces/ -o r.html  one self-contained HTML page (charts, Gantt, critical path)
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
       dpro import byteps DIR -o OUT  convert BytePS traces (docs/byteps.md)
       dpro import pslite DIR -o OUT  convert ps-lite message traces (docs/pslite.md)
@@ -121,6 +122,61 @@ def replay(
         elif m.static_bytes:
             click.echo(f"  {w}: parameters + gradients {m.static_bytes / 2**20:.1f} MiB (allocations not recorded: "
                        "no peak memory estimate)")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+              help="HTML file to write; the Perfetto timeline goes beside it (NAME.timeline.json).")
+@click.option("--optimize", "run_optimize", is_flag=True,
+              help="Add the optimizer's section: baselines, the best strategy and, for DDP, step time vs bucket_cap_mb.")
+@click.option("--budget", default=20.0, show_default=True, help="With --optimize: search time budget in seconds.")
+@click.option("--png", "png_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Also write each chart as a PNG file into DIR (for CI logs and issues).")
+@click.option("--result", "results", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="A JSON result to add as a section (e.g. a what-if's --json); its lists of "
+                   "{devices|workers, iteration_us} points are drawn as a scaling curve. Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON object.")
+@click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
+@_rank_opt
+def report(path: Path, output: Path, run_optimize: bool, budget: float, png_dir: Path | None,
+           results: tuple[Path, ...], as_json: bool, no_align: bool, rank_pattern: str) -> None:
+    """Write one self-contained HTML report of the job traced in PATH.
+
+    \b
+    The page opens offline (every script inline): predicted vs measured iteration,
+    each worker's breakdown, a Gantt of the simulated iteration with the critical
+    path, the exposed communication per collective, predicted memory over the
+    iteration, and with --optimize the strategies and DDP's bucket_cap_mb curve.
+    Big jobs are aggregated in the Gantt and the page says so (docs/report.md).
+    """
+    from dpro.job import open_job
+    from dpro.jsonio import read_json
+    from dpro.progress import progress_pulse
+    from dpro.report.html import write_report
+    from dpro.report.html.model import JsonResult
+
+    if budget <= 0:
+        raise click.BadParameter("must be positive", param_hint="--budget")
+    extra = {}
+    for f in results:
+        obj = read_json(f)
+        if not isinstance(obj, dict):
+            raise DproInputError(f, "expected a JSON object (a result's --json)")
+        extra[f.stem] = JsonResult(obj)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
+    opt = None
+    if run_optimize:
+        with progress_pulse("optimizing") as tick:
+            opt = job.optimize(budget_s=budget, tick=tick)
+    with progress_pulse("writing the report") as tick:
+        written = write_report(job, output, optimized=opt, extra=extra, png_dir=png_dir, tick=tick)
+    if as_json:
+        print_json(written.to_json())
+        return
+    click.echo(f"wrote {written.html} ({written.html_bytes / 1e6:.1f} MB)"
+               + (f" and {written.timeline}" if written.timeline else "")
+               + (f"; {len(written.pngs)} PNG files in {png_dir}" if written.pngs else ""))
 
 
 @cli.command()
