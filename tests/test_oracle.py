@@ -237,3 +237,30 @@ def test_cli_simulate(run_cli) -> None:
             assert r["simulated_iteration_us"] == pytest.approx(r["iteration_us"], rel=1e-9)
         if r["feasible"] and r["strategy"] == "pipeline":  # the schedule fills some of the bubbles
             assert r["simulated_iteration_us"] < r["iteration_us"]
+
+
+def test_layer_shapes_from_kineto_events() -> None:
+    """The importer keeps the first shaped op of each layer annotation (innermost layer wins)."""
+    from dpro.importers.kineto.read import RankFile
+    from dpro.importers.kineto.shapes import layer_shapes
+
+    def ev(name, cat, ts, dur, args=None):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": 1, "args": args or {}}
+
+    conv = {"Input Dims": [[8, 3, 32, 32], [16, 3, 3, 3], [16], [], [], [], []], "Input type": ["float"] * 3,
+            "Concrete Inputs": ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]}
+    events = [
+        ev("dpro.layer::block", "user_annotation", 0, 100),
+        ev("dpro.layer::block.conv", "user_annotation", 1, 50),
+        ev("aten::conv2d", "cpu_op", 2, 40, conv),
+        ev("aten::convolution", "cpu_op", 3, 30, {"Input Dims": [[1]]}),  # a child: not the first
+        ev("aten::add", "cpu_op", 60, 5, {"Input Dims": [[8, 16, 32, 32], [8, 16, 32, 32]]}),
+        ev("dpro.layer::block.conv", "user_annotation", 200, 50),  # a second call: kept is the first
+        ev("aten::conv2d", "cpu_op", 201, 40, {"Input Dims": [[4, 3, 32, 32]]}),
+        ev("aten::relu", "cpu_op", 300, 5, {"Input Dims": [[8, 16]]}),  # outside any layer
+    ]
+    out = layer_shapes(RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None, events=events))
+    assert set(out) == {"block", "block.conv"}
+    assert out["block.conv"]["op"] == "aten::conv2d" and out["block.conv"]["dims"][0] == [8, 3, 32, 32]
+    assert out["block.conv"]["concrete"][3] == "[1, 1]"
+    assert out["block"]["op"] == "aten::add"
