@@ -392,6 +392,57 @@ def align_cmd(
         click.echo(f"wrote {output}")
 
 
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--devices", default="2,4,8,16,32,64,128,256,512,1024", show_default=True, metavar="N,N,...",
+              help="Device counts to predict, comma-separated.")
+@click.option("--memory", "memory", default=None, metavar="SIZE",
+              help="Memory per device (e.g. 80GiB, 500MB): strategies above it are infeasible.")
+@click.option("--platform", "platform", default=None, type=click.Path(path_type=Path), metavar="FILE",
+              help='Link cost {"alpha_us": ..., "beta_us_per_byte": ...} (default: fitted from the trace\'s collectives).')
+@click.option("--batch", default=None, type=int, help="Global batch (default: the profiled per-device batch x workers).")
+@click.option("--micro", default=None, type=int, help="Pipeline micro-batches (default: 4 x stages, at most the batch).")
+@click.option("--no-contention", is_flag=True, help="No contention penalty between the concurrent groups of hybrids.")
+@click.option("--simulate", is_flag=True, help="Also replay each feasible strategy's DFG with dpro's replayer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@_rank_opt
+def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, batch: int | None, micro: int | None,
+           no_contention: bool, simulate: bool, as_json: bool, rank_pattern: str) -> None:
+    """Which parallelism strategy, on how many devices, and why (docs/oracle.md).
+
+    \b
+    From one profiled worker (dpro's recorder: per-layer annotations and shapes),
+    predicts for data, spatial, filter, channel, pipeline, data+filter and
+    data+spatial parallelism and each device count: compute, communication by phase,
+    iteration time and memory per device (ParaDL's analytical model, HPDC'21), marks
+    what exceeds a limit (memory, batch, filters, channels, feature-map height,
+    layers), ranks the feasible ones and names each one's bottleneck, and says what
+    to set in the launcher (device grid, pipeline micro-batches and stages).
+    """
+    from dpro.job import open_job
+    from dpro.oracle import run_oracle
+
+    counts = []
+    for t in devices.split(","):
+        if not t.strip().isdigit() or int(t) < 1:
+            raise click.BadParameter(f"{t.strip()!r} is not a device count >= 1", param_hint="--devices")
+        counts.append(int(t))
+    if batch is not None and batch < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--batch")
+    if micro is not None and micro < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--micro")
+    mem = parse_size(memory, "--memory") if memory is not None else None
+    job = open_job(path, rank_pattern=rank_pattern)
+    res = run_oracle(job, counts, batch=batch, memory_budget=mem, platform=platform, micro=micro,
+                     contention=not no_contention, simulate=simulate)
+    if as_json:
+        print_json(res.to_json())
+        return
+    from dpro.oracle.render import print_oracle
+
+    print_oracle(res, path)
+
+
 @cli.group(name="import")
 def import_() -> None:
     """Convert traces from other tools into a gTrace directory."""
