@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 # Horovod wheels built here are cached (a rebuild takes minutes on 2 cores).
 HOROVOD_WHEEL_CACHE ?= $(HOME)/.cache/dpro/horovod-wheels
 
-.PHONY: setup horovod mxnet tf pslite demo test bench clean
+.PHONY: setup horovod mxnet tf pslite browser demo test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,16 +34,25 @@ tf:
 pslite: setup
 	native/pslite_patch/build.sh $(BIN)/python
 
+# Debian's chromium, for the report's end-to-end test (tests/test_report_browser.py drives it
+# with playwright) and benchmarks/report_open.py; installed with apt when missing (root, or sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
+
 # The main job: replay the bundled real trace, then profile a live 2-rank DDP run, replay it
-# and optimize it (strategy files in out/demo_strategy).
+# and optimize it (strategy files in out/demo_strategy), and write both jobs' HTML reports (docs/report.md).
 demo: setup
 	$(BIN)/dpro replay examples/traces/ddp_gloo_2rank_mlp --timeline out/demo_bundled_timeline.json
 	$(BIN)/dpro profile -o out/demo_trace --force -- $(BIN)/torchrun --nproc_per_node 2 \
 		--master_addr 127.0.0.1 --master_port 29599 examples/pytorch/ddp_recorder.py --model mlp --bucket-cap-mb 10
 	$(BIN)/dpro replay out/demo_trace --timeline out/demo_timeline.json
 	$(BIN)/dpro optimize out/demo_trace -o out/demo_strategy --force --budget 20
+	$(BIN)/dpro report examples/traces/ddp_gloo_2rank_mlp -o out/demo_bundled_report.html
+	$(BIN)/dpro report out/demo_trace -o out/demo_report.html --optimize --budget 20 --png out/demo_report_png
 
-test: setup horovod mxnet tf pslite
+test: setup horovod mxnet tf pslite browser
 	$(BIN)/ruff check -q dpro tests benchmarks examples
 	$(BIN)/python scripts/check_layers.py
 	$(BIN)/python -m pytest -q

@@ -70,6 +70,7 @@ def cli(verbose: int) -> None:
       dpro validate traces/          check a trace directory
       dpro align traces/             clock offsets between hosts (CVXPY)
       dpro optimize traces/ -o out/  a faster strategy (fusion, partition) and its settings
+      dpro report traces/ -o r.html  one self-contained HTML page (charts, Gantt, critical path)
       dpro whatif traces/ --workers 2,4,8   what if: more workers/servers, another network, AMP, ...
       dpro calibrate -o platform.json       this machine's all-reduce cost, for dpro whatif --platform
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
@@ -123,6 +124,61 @@ def replay(
         elif m.static_bytes:
             click.echo(f"  {w}: parameters + gradients {m.static_bytes / 2**20:.1f} MiB (allocations not recorded: "
                        "no peak memory estimate)")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+              help="HTML file to write; the Perfetto timeline goes beside it (NAME.timeline.json).")
+@click.option("--optimize", "run_optimize", is_flag=True,
+              help="Add the optimizer's section: baselines, the best strategy and, for DDP, step time vs bucket_cap_mb.")
+@click.option("--budget", default=20.0, show_default=True, help="With --optimize: search time budget in seconds.")
+@click.option("--png", "png_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Also write each chart as a PNG file into DIR (for CI logs and issues).")
+@click.option("--result", "results", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="A JSON result to add as a section (e.g. a what-if's --json); its lists of "
+                   "{devices|workers, iteration_us} points are drawn as a scaling curve. Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON object.")
+@click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
+@_rank_opt
+def report(path: Path, output: Path, run_optimize: bool, budget: float, png_dir: Path | None,
+           results: tuple[Path, ...], as_json: bool, no_align: bool, rank_pattern: str) -> None:
+    """Write one self-contained HTML report of the job traced in PATH.
+
+    \b
+    The page opens offline (every script inline): predicted vs measured iteration,
+    each worker's breakdown, a Gantt of the simulated iteration with the critical
+    path, the exposed communication per collective, predicted memory over the
+    iteration, and with --optimize the strategies and DDP's bucket_cap_mb curve.
+    Big jobs are aggregated in the Gantt and the page says so (docs/report.md).
+    """
+    from dpro.job import open_job
+    from dpro.jsonio import read_json
+    from dpro.progress import progress_pulse
+    from dpro.report.html import write_report
+    from dpro.report.html.model import JsonResult
+
+    if budget <= 0:
+        raise click.BadParameter("must be positive", param_hint="--budget")
+    extra = {}
+    for f in results:
+        obj = read_json(f)
+        if not isinstance(obj, dict):
+            raise DproInputError(f, "expected a JSON object (a result's --json)")
+        extra[f.stem] = JsonResult(obj)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
+    opt = None
+    if run_optimize:
+        with progress_pulse("optimizing") as tick:
+            opt = job.optimize(budget_s=budget, tick=tick)
+    with progress_pulse("writing the report") as tick:
+        written = write_report(job, output, optimized=opt, extra=extra, png_dir=png_dir, tick=tick)
+    if as_json:
+        print_json(written.to_json())
+        return
+    click.echo(f"wrote {written.html} ({written.html_bytes / 1e6:.1f} MB)"
+               + (f" and {written.timeline}" if written.timeline else "")
+               + (f"; {len(written.pngs)} PNG files in {png_dir}" if written.pngs else ""))
 
 
 @cli.command()
@@ -336,6 +392,57 @@ def align_cmd(
         click.echo(f"  note: {note}")
     if output is not None:
         click.echo(f"wrote {output}")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--devices", default="2,4,8,16,32,64,128,256,512,1024", show_default=True, metavar="N,N,...",
+              help="Device counts to predict, comma-separated.")
+@click.option("--memory", "memory", default=None, metavar="SIZE",
+              help="Memory per device (e.g. 80GiB, 500MB): strategies above it are infeasible.")
+@click.option("--platform", "platform", default=None, type=click.Path(path_type=Path), metavar="FILE",
+              help='Link cost {"alpha_us": ..., "beta_us_per_byte": ...} (default: fitted from the trace\'s collectives).')
+@click.option("--batch", default=None, type=int, help="Global batch (default: the profiled per-device batch x workers).")
+@click.option("--micro", default=None, type=int, help="Pipeline micro-batches (default: 4 x stages, at most the batch).")
+@click.option("--no-contention", is_flag=True, help="No contention penalty between the concurrent groups of hybrids.")
+@click.option("--simulate", is_flag=True, help="Also replay each feasible strategy's DFG with dpro's replayer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@_rank_opt
+def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, batch: int | None, micro: int | None,
+           no_contention: bool, simulate: bool, as_json: bool, rank_pattern: str) -> None:
+    """Which parallelism strategy, on how many devices, and why (docs/oracle.md).
+
+    \b
+    From one profiled worker (dpro's recorder: per-layer annotations and shapes),
+    predicts for data, spatial, filter, channel, pipeline, data+filter and
+    data+spatial parallelism and each device count: compute, communication by phase,
+    iteration time and memory per device (ParaDL's analytical model, HPDC'21), marks
+    what exceeds a limit (memory, batch, filters, channels, feature-map height,
+    layers), ranks the feasible ones and names each one's bottleneck, and says what
+    to set in the launcher (device grid, pipeline micro-batches and stages).
+    """
+    from dpro.job import open_job
+    from dpro.oracle import run_oracle
+
+    counts = []
+    for t in devices.split(","):
+        if not t.strip().isdigit() or int(t) < 1:
+            raise click.BadParameter(f"{t.strip()!r} is not a device count >= 1", param_hint="--devices")
+        counts.append(int(t))
+    if batch is not None and batch < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--batch")
+    if micro is not None and micro < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--micro")
+    mem = parse_size(memory, "--memory") if memory is not None else None
+    job = open_job(path, rank_pattern=rank_pattern)
+    res = run_oracle(job, counts, batch=batch, memory_budget=mem, platform=platform, micro=micro,
+                     contention=not no_contention, simulate=simulate)
+    if as_json:
+        print_json(res.to_json())
+        return
+    from dpro.oracle.render import print_oracle
+
+    print_oracle(res, path)
 
 
 @cli.command(name="whatif")

@@ -198,6 +198,10 @@ def test_cli_scale_out_and_bad_parameters(tmp_path):
                       (["--latency", "5 parsecs"], "latency")):
         r = _cli("whatif", str(EXAMPLE), *args)
         assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output
+    flat = tmp_path / "flat.json"
+    flat.write_text('{"alpha_us": 10, "beta_us_per_byte": 0.001}')
+    r = _cli("whatif", str(EXAMPLE), "--platform", str(flat), "--workers", "4", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["transfer"]["alpha_us"] == 10
     bad = tmp_path / "p.json"
     bad.write_text('{"alpha": 1}')
     r = _cli("whatif", str(EXAMPLE), "--platform", str(bad))

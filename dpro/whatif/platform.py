@@ -7,7 +7,8 @@ Format (JSON, µs and bytes)::
      "allreduce": {"alpha_us": 35.1, "beta_us_per_byte": 0.0021, "fit_error": 0.04},
      "samples": [{"bytes": 4096, "us": 81.0}, ...]}
 
-``allreduce`` is the per-ring-step cost of the backend's all-reduce (a ring all-reduce of
+A flat ``{"alpha_us": .., "beta_us_per_byte": ..}`` (what ``dpro oracle --platform`` reads)
+is taken as the all-reduce cost. ``allreduce`` is the per-ring-step cost of the backend's all-reduce (a ring all-reduce of
 B bytes over N ranks takes ``2(N-1) * (alpha + beta*B/N)``); an optional ``ps`` entry of
 the same shape is the cost of one parameter-server message.
 """
@@ -93,6 +94,9 @@ def load_platform(path: str | Path) -> Platform:
 
     p = Path(path)
     d = read_json(p)
+    if isinstance(d, dict) and "format" not in d and "alpha_us" in d and "beta_us_per_byte" in d:
+        # the flat link cost `dpro oracle --platform` reads: the all-reduce's per-ring-step cost
+        return Platform("?", 0, _transfer(d, p, "link cost"), None, str(p))
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise DproInputError(p, f"not a platform file (expected \"format\": \"{FORMAT}\"; write one with dpro calibrate)")
     ar, ps = _transfer(d.get("allreduce"), p, "allreduce"), _transfer(d.get("ps"), p, "ps")

@@ -2,6 +2,7 @@
 
     dpro profile -o traces/ -- torchrun --nproc_per_node 2 examples/pytorch/ddp_recorder.py --model mlp
     dpro replay traces/
+    dpro report traces/ -o report.html       # the HTML report (docs/report.md)
 
 The two dpro lines are marked below; everything else is a plain DDP training loop.
 """

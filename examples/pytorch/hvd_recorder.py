@@ -2,6 +2,7 @@
 
     dpro profile -o traces/ -- horovodrun -np 2 --gloo -H localhost:2 python examples/pytorch/hvd_recorder.py --model mlp
     dpro replay traces/
+    dpro report traces/ -o report.html       # the HTML report (docs/report.md)
 
 The two dpro lines are marked below; everything else is a plain Horovod training loop
 (``hvd.DistributedOptimizer`` with named parameters, so that Horovod's timeline names each

@@ -3,6 +3,7 @@
     dpro profile -o traces/ -- horovodrun -np 2 --gloo -H localhost:2 \\
         .venv-tf/bin/python examples/tensorflow/hvd_recorder.py --model convnet
     dpro replay traces/
+    dpro report traces/ -o report.html       # the HTML report (docs/report.md)
 
 A plain Horovod loop: a ``tf.function`` step that computes the gradients with a
 ``GradientTape``, all-reduces each one with ``hvd.allreduce`` (Horovod names it after the

@@ -11,6 +11,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files, trace_files
+from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import (
     CPU_CATS, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
@@ -258,6 +259,9 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {kept}; replaying {kept}")
     name = f"worker{rf.rank}"
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
+    shapes = layer_shapes(rf)
+    if shapes:  # the layers' input shapes, for the oracle (dpro/importers/kineto/shapes.py)
+        nt.meta[LAYER_SHAPES] = shapes
     edge_set: set[tuple[str, str]] = set()
     # Edges from every kept step, but only those that go forward in the first kept step's
     # timeline: heuristic edges that disagree between steps can then never form a cycle.

@@ -24,6 +24,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
 from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.kineto import import_kineto
+from dpro.importers.kineto.shapes import LAYER_SHAPES
 from dpro.importers.recording.allocations import attach_allocations
 from dpro.jsonio import read_json
 
@@ -84,7 +85,8 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
     nt.meta = {k: meta[k] for k in (MetaKey.FRAMEWORK_VERSION, MetaKey.DDP, MetaKey.BUCKETS, MetaKey.STEPS,
                                     MetaKey.MEMORY, MetaKey.COMPILE, MetaKey.STEP_WALL_US, MetaKey.STEP_WALL_AFTER_US,
                                     MetaKey.CPU, MetaKey.CPU_AFTER_US, MetaKey.HOROVOD_WRITER_THREAD,
-                                    MetaKey.HOROVOD_SETTINGS) if k in meta}
+                                    MetaKey.HOROVOD_SETTINGS) if k in meta} | (
+        {LAYER_SHAPES: nt.meta[LAYER_SHAPES]} if LAYER_SHAPES in nt.meta else {})  # from the trace (oracle)
 
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:

@@ -1,0 +1,207 @@
+"""Predicted (``dpro oracle``, analytical and ``--simulate``) vs measured iteration time of
+every parallel strategy of examples/parallel/ at 2 and 4 processes over gloo.
+
+1. fits the link cost of this machine's gloo all-reduces (gloo_link.py) into a platform
+   file (``cores``: this host's CPUs, so that 4 processes on 2 cores share them);
+2. profiles data parallelism on 2 processes with dpro's recorder (the oracle's input);
+3. runs ``run_oracle`` on it for every strategy and device count (its grids: pipeline
+   micro-batches and stages, the hybrids' groups are passed to the launcher as it advises);
+4. runs every feasible strategy unprofiled (``--steps``, the first ``--skip`` dropped):
+   measured iteration = median over steps of the mean over ranks;
+5. with ``--profile-each``, profiles every strategy too and puts dpro's reading of its
+   trace next to the prediction: the time breakdown (``dpro replay``'s: compute, the
+   collectives' time and their exposed part) and the peak memory per worker (dpro's memory
+   model on the recorded allocations, docs/memory.md) against the predicted memory;
+6. prints the tables (and writes them as JSON) with the load average of the machine
+   (other work on it makes the measurement noisy: say so).
+
+    python benchmarks/oracle/run.py [--procs 2,4] [--profile-each] [--out /tmp/dpro-oracle-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "parallel" / "train.py"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: set by --cap-mbit: ranks run in the capped namespaces (netns_launch.py) instead of under torchrun
+CAPPED = False
+
+
+def launcher(n: int, script: Path, *args: str) -> list[str]:
+    """The command that starts ``n`` ranks of ``script`` (torchrun on loopback, or one
+    process per network namespace under a cap)."""
+    if CAPPED:
+        return [sys.executable, str(REPO / "benchmarks" / "oracle" / "netns_launch.py"), str(n), str(_port()),
+                str(script), *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+            "--master_port", str(_port()), str(script), *args]
+
+
+def torchrun(n: int, script: Path, *args: str, env: dict | None = None) -> None:
+    cmd = launcher(n, script, *args)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DPRO_")} | {"OMP_NUM_THREADS": "1"} | (env or {})
+    r = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=1200)
+    if r.returncode:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr[-3000:]}")
+
+
+def platform_file(out: Path) -> Path:
+    from dpro.graph.comm_model import lad_link_cost, ring_steps
+
+    samples = out / "gloo_link.json"
+    torchrun(2, REPO / "benchmarks" / "oracle" / "gloo_link.py", "--out", str(samples))
+    d = json.loads(samples.read_text())
+    n, rows = d["world_size"], d["samples"]
+    A = np.array([[ring_steps(n), ring_steps(n) * b / n] for b, _ in rows], dtype=float)
+    cost = lad_link_cost(A, np.array([t for _, t in rows], dtype=float))
+    plat = out / "platform.json"
+    plat.write_text(json.dumps({"alpha_us": cost.alpha, "beta_us_per_byte": cost.beta, "cores": os.cpu_count(),
+                                "samples": rows, "fit_error": cost.fit_error}))
+    return plat
+
+
+def measure(n: int, strategies: list[str], extra: list[str], out: Path, steps: int, skip: int,
+            repeats: int) -> dict[str, list[float]]:
+    """Per strategy, one iteration time per launch (median over steps of the mean over
+    ranks); launches alternate the order of the strategies."""
+    got: dict[str, list[float]] = {s: [] for s in strategies}
+    for k in range(repeats):
+        order = strategies if k % 2 == 0 else strategies[::-1]
+        pattern = out / f"timing{n}_{k}_{{rank}}.json"
+        torchrun(n, TRAIN, "--strategy", ",".join(order), "--steps", str(steps), "--timing-skip", str(skip),
+                 "--timing-out", str(pattern), *extra)
+        per_rank = [json.loads(Path(str(pattern).format(rank=r)).read_text())["step_us"] for r in range(n)]
+        for s in strategies:
+            got[s].append(statistics.median(float(np.mean([pr[s][i] for pr in per_rank]))
+                                            for i in range(len(per_rank[0][s]))))
+    return got
+
+
+def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
+    """dpro's reading of a profiled run of ``strategy``: breakdown (µs) and peak memory per worker."""
+    import dpro
+
+    trace = out / f"prof_{strategy.replace('+', '_')}_{n}"
+    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "-o", str(trace), "--",
+                    *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)],
+                   cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    r = dpro.open(trace).replay()
+    b = r.breakdown_us
+    compute = sum(b.get(k, 0.0) for k in ("FW", "BW", "UPDATE", "OTHER", "host_gap"))
+    peaks = [m.peak_bytes for m in r.memory.values() if m.source == "allocations"]
+    return {"profiled_iteration_us": r.measured_iteration_us, "compute_us": compute, "comm_us": b.get("COMM", 0.0),
+            "exposed_comm_us": b.get("exposed_COMM", 0.0), "idle_us": b.get("idle", 0.0),
+            "peak_bytes": max(peaks) if peaks else None}
+
+
+def main() -> None:
+    global CAPPED
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--procs", default="2,4")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--skip", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=2, help="launches per device count (order alternated)")
+    p.add_argument("--profile-each", action="store_true", help="also profile every strategy: breakdown and memory")
+    p.add_argument("--cap-mbit", type=float, default=None,
+                   help="run every rank in its own network namespace with a tbf cap (Mbit/s per direction; root)")
+    p.add_argument("--out", type=Path, default=Path("/tmp/dpro-oracle-bench"))
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.cap_mbit:
+        sys.path.insert(0, str(REPO / "benchmarks" / "fidelity"))
+        from netns import NetnsCluster
+
+        CAPPED = True
+        with NetnsCluster(max(int(x) for x in args.procs.split(",")), rate_mbit=args.cap_mbit):
+            return run(args)
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    import dpro
+    from dpro.oracle import run_oracle
+
+    load0 = os.getloadavg()
+    plat = platform_file(args.out)
+    trace = args.out / "trace"
+    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "-o", str(trace), "--",
+                    *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(args.batch))],
+                   cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    procs = [int(x) for x in args.procs.split(",")]
+    res = run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plat), simulate=True)
+    rows = []
+    for n in procs:
+        preds = {x.strategy: x for x in res.predictions if x.devices == n and x.feasible}
+        extra = []
+        if "pipeline" in preds:
+            launch = res.launcher(preds["pipeline"]).split()
+            extra += launch[launch.index("--micro"):launch.index("--micro") + 2]
+            if "--cuts" in launch:
+                extra += launch[launch.index("--cuts"):launch.index("--cuts") + 2]
+        hyb = [s for s in preds if "+" in s]
+        if hyb:
+            extra += ["--p2", str(n // preds[hyb[0]].grid["data"])]
+        runs = measure(n, list(preds), extra + ["--batch", str(args.batch)], args.out, args.steps, args.skip,
+                       args.repeats)
+        for s, x in preds.items():
+            seen = profiled(n, s, extra + ["--batch", str(args.batch)], args.out) if args.profile_each else None
+            sim, m = res.simulated.get((s, n)), statistics.median(runs[s])
+            rows.append({"strategy": s, "devices": n, "measured_us": m, "runs_us": runs[s],
+                         "spread_pct": 100 * (max(runs[s]) - min(runs[s])) / m, "predicted_us": x.iteration_us,
+                         "error_pct": 100 * (x.iteration_us - m) / m, "simulated_us": sim,
+                         "sim_error_pct": 100 * (sim - m) / m if sim == sim else None,
+                         "compute_us": x.compute_us, "communication_us": x.communication_us,
+                         "memory_bytes": x.memory_bytes, "grid": x.grid, "profiled": seen})
+    load1 = os.getloadavg()
+    if args.profile_each:
+        print("\nbreakdown (ms) and memory (MiB): predicted | dpro's reading of the profiled run")
+        print(f"{'strategy':<13} {'p':>2} {'compute':>8} {'comm':>6} | {'compute':>8} {'comm':>6} {'exposed':>7} "
+              f"{'idle':>6} | {'memory':>7} {'peak':>7}")
+        for r in rows:
+            q = r["profiled"]
+            peak = f"{q['peak_bytes'] / 2**20:7.2f}" if q["peak_bytes"] else "      -"
+            print(f"{r['strategy']:<13} {r['devices']:>2} {r['compute_us'] / 1e3:8.2f} "
+                  f"{sum(r['communication_us'].values()) / 1e3:6.2f} | {q['compute_us'] / 1e3:8.2f} "
+                  f"{q['comm_us'] / 1e3:6.2f} {q['exposed_comm_us'] / 1e3:7.2f} {q['idle_us'] / 1e3:6.2f} | "
+                  f"{r['memory_bytes'] / 2**20:7.2f} {peak}")
+    mean_err = statistics.mean(abs(r["error_pct"]) for r in rows)
+    sims = [abs(r["sim_error_pct"]) for r in rows if r["sim_error_pct"] is not None]
+    net = f"tbf cap {args.cap_mbit:g} Mbit/s in network namespaces" if args.cap_mbit else "loopback"
+    print(f"network: {net}; platform: α {res.platform.alpha_us:.1f} µs, β {res.platform.beta_us_per_byte * 1e3:.3f} ns/B; "
+          f"load average before {load0[0]:.2f}, after {load1[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"{'strategy':<13} {'p':>2} {'measured ms':>11} {'runs ±%':>7} {'oracle ms':>9} {'err %':>6} {'sim ms':>7} {'err %':>6}"
+          f"  {'compute':>7}  communication by phase (ms)")
+    for r in rows:
+        comm = " ".join(f"{k} {v / 1e3:.2f}" for k, v in r["communication_us"].items() if v)
+        sim = "" if r["sim_error_pct"] is None else f"{r['simulated_us'] / 1e3:7.2f} {r['sim_error_pct']:+6.1f}"
+        print(f"{r['strategy']:<13} {r['devices']:>2} {r['measured_us'] / 1e3:11.2f} {r['spread_pct']:7.1f} "
+              f"{r['predicted_us'] / 1e3:9.2f} "
+              f"{r['error_pct']:+6.1f} {sim:>14}  {r['compute_us'] / 1e3:7.2f}  {comm}")
+    print(f"mean |error|: analytical {mean_err:.1f} %, simulated {statistics.mean(sims) if sims else float('nan'):.1f} %")
+    (args.out / "result.json").write_text(json.dumps({"rows": rows, "load": [load0, load1], "cap_mbit": args.cap_mbit,
+                                                      "platform": res.platform.to_json()}, indent=1))
+    print(f"wrote {args.out / 'result.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""The oracle's input: the model's layers, their shapes and profiled times, from a Job.
+
+A layer is a leaf module that ran forward ops in the trace (dpro's recorder annotates
+each module's forward, ``dpro.layer::<path>``; its backward ops inherit the layer). Per
+layer, over the job's typical steps and averaged over the workers:
+
+* ``fw_us``/``bw_us``: the own time of its forward/backward ops (what the replayer charges,
+  dpro/graph/stats.py) split into a part per call (the host gaps before the ops) and a
+  part per sample (the rest, divided by the profiled per-device batch);
+* ``wu_us``: the optimizer step's time, shared between the layers by weight bytes;
+* shapes from ``record_shapes`` (``NodeTrace.meta["layer_shapes"]``): input (C, H, W),
+  output channels F, kernel, stride; sizes in bytes per sample, weights from the trace's
+  parameter list (else from the recorded weight shape).
+
+With dpro's recorder's overhead measured (the steps after the window), every time is
+scaled by it, as ``dpro replay`` predicts the unprofiled job. Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
+``(rest)``, run by every rank on its whole batch. OTHER ops (step markers, zero_grad...)
+are a fixed ``overhead_us`` per iteration.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import TYPE_CHECKING
+
+from dpro.errors import DproInputError
+
+if TYPE_CHECKING:
+    from dpro.job import Job
+
+#: key of the per-layer input shapes in NodeTrace.meta (dpro/importers/kineto/shapes.py)
+LAYER_SHAPES = "layer_shapes"
+#: kinds: weights sliced by filter/channel parallelism; per-channel ops (filter parallelism
+#: runs them on its slice); everything else (replicated under filter/channel parallelism)
+WEIGHTED, CHANNELWISE, OTHER = "weighted", "channelwise", "other"
+_WEIGHTED_OPS = ("conv", "linear", "addmm", "matmul")
+_CHANNELWISE_OPS = ("relu", "pool", "batch_norm", "gelu", "sigmoid", "tanh", "dropout", "silu", "leaky_relu")
+DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "bfloat16": 2, "float16": 2}
+NEEDS = ("the oracle needs per-layer annotations and shapes: record with dpro's recorder "
+         "(dpro.Recorder(model), which annotates each module and sets record_shapes=True) under `dpro profile`")
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One layer: times (µs) and sizes (bytes) as the formulas use them (docs/oracle.md)."""
+
+    name: str
+    kind: str
+    #: forward / backward µs per sample, and per call (independent of the batch)
+    fw_us: float
+    bw_us: float
+    fw_call_us: float = 0.0
+    bw_call_us: float = 0.0
+    #: weight update µs per iteration
+    wu_us: float = 0.0
+    #: input / output bytes per sample, weight (+bias) bytes
+    x_bytes: int = 0
+    y_bytes: int = 0
+    w_bytes: int = 0
+    #: input channels (features), output channels (filters), input height, width, kernel height
+    channels: int = 1
+    filters: int = 1
+    height: int = 1
+    width: int = 1
+    kernel: int = 1
+    dtype_bytes: int = 4
+
+    @property
+    def spatial(self) -> bool:
+        """Has a height to split (4-D activations)."""
+        return self.height > 1
+
+    def halo_bytes(self) -> int:
+        """Rows a neighbour needs before this layer per sample (kernel // 2 rows of the input)."""
+        return (self.kernel // 2) * self.width * self.channels * self.dtype_bytes if self.kind == WEIGHTED and self.spatial else 0
+
+
+@dataclass
+class ModelProfile:
+    """The layers in forward order, the profiled per-device batch, the fixed overhead."""
+
+    layers: list[Layer]
+    batch: int
+    overhead_us: float = 0.0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def weighted(self) -> list[Layer]:
+        return [lay for lay in self.layers if lay.kind == WEIGHTED]
+
+    def weight_bytes(self) -> int:
+        return sum(lay.w_bytes for lay in self.layers)
+
+
+def _kind(op: str) -> str:
+    base = op.split("::")[-1].lower()
+    if any(k in base for k in _WEIGHTED_OPS):
+        return WEIGHTED
+    if any(k in base for k in _CHANNELWISE_OPS):
+        return CHANNELWISE
+    return OTHER
+
+
+def _ints(text: object) -> list[int]:
+    try:
+        v = ast.literal_eval(str(text)) if text not in ("", None) else []
+    except (ValueError, SyntaxError):
+        return []
+    return [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] if isinstance(v, int) else []
+
+
+def _numel(dims: list[int]) -> int:
+    return math.prod(dims) if dims else 0
+
+
+def _batch(shapes: dict[str, dict]) -> int:
+    """The profiled per-device batch: the most common leading dimension of the layers'
+    first inputs (an embedding's first input is its table, not the batch)."""
+    from collections import Counter
+
+    lead = Counter(int(s["dims"][0][0]) for s in shapes.values()
+                   if s.get("dims") and isinstance(s["dims"][0], list) and len(s["dims"][0]) >= 2)
+    return lead.most_common(1)[0][0] if lead else 0
+
+
+def _shape_fields(info: dict, batch: int) -> dict:
+    """Layer fields from one layer's first op's recorded shapes (its input: the first
+    tensor whose leading dimension is the batch)."""
+    dims = [d for d in (info.get("dims") or []) if isinstance(d, list)]
+    x = next(([int(v) for v in d] for d in dims if d and d[0] == batch), [int(v) for v in dims[0]] if dims else [])
+    types = info.get("types") or ["float"]
+    dt = DTYPE_BYTES.get(str(types[0]).lower(), 4)
+    kind = _kind(str(info.get("op", "")))
+    per_sample = x[1:]
+    out = {"kind": kind, "dtype_bytes": dt, "x_bytes": _numel(per_sample) * dt}
+    if len(per_sample) >= 3:
+        out.update(channels=per_sample[0], height=per_sample[1], width=per_sample[2])
+    elif per_sample:
+        out.update(channels=per_sample[-1])
+    w = [int(v) for v in dims[1]] if kind == WEIGHTED and len(dims) > 1 and isinstance(dims[1], list) else []
+    if kind == WEIGHTED and w:
+        out["filters"] = w[0]
+        out["w_bytes"] = (_numel(w) + (w[0] if len(dims) > 2 and dims[2] else 0)) * dt
+        if len(w) >= 3:
+            out["kernel"] = w[2]
+            conc = info.get("concrete") or []
+            stride = (_ints(conc[3]) if len(conc) > 3 else []) or [1]
+            pad = (_ints(conc[4]) if len(conc) > 4 else []) or [0]
+            h = (x[2] + 2 * pad[0] - w[2]) // stride[0] + 1
+            wd = (x[3] + 2 * pad[-1] - w[3]) // stride[-1] + 1 if len(x) > 3 and len(w) > 3 else 1
+            out["y_bytes"] = w[0] * h * wd * dt
+        else:
+            out["y_bytes"] = w[0] * dt
+    else:
+        out["filters"] = out.get("channels", 1)
+    return out
+
+
+def model_profile(job: Job) -> ModelProfile:
+    """The layers of ``job`` (one worker is enough; the workers' times are averaged).
+
+    Raises DproInputError when the trace has no layer annotations or no recorded shapes.
+    """
+    where = job.path or job.trace.source or "trace"
+    workers = [nt for nt in job.trace.workers()]
+    shapes = next((nt.meta.get(LAYER_SHAPES) for nt in workers if nt.meta.get(LAYER_SHAPES)), None)
+    annotated = any(op.layer for nt in workers for op in nt.ops.values() if op.cat == "FW")
+    if not annotated:
+        raise DproInputError(where, f"no layer annotations in the trace; {NEEDS}")
+    if not shapes:
+        raise DproInputError(where, f"no recorded layer shapes in the trace; {NEEDS}")
+    batch = _batch(shapes)
+    if batch <= 0:
+        raise DproInputError(where, f"cannot tell the profiled batch from the recorded shapes; {NEEDS}")
+    # per worker: layer -> [fw dur, fw gap, bw dur, bw gap], in forward order
+    per: list[dict[str, list[float]]] = []
+    order: dict[str, float] = {}
+    wu, overhead = [], []
+    for nt in workers:
+        st = job.stats.get(nt.info.name, {})
+        acc: dict[str, list[float]] = {}
+        u = o = 0.0
+        for op in nt.ops.values():
+            s = st.get(op.id)
+            if s is None or op.cat == "COMM":
+                continue
+            if op.cat in ("FW", "BW"):
+                name = op.layer or "(rest)"
+                a = acc.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+                k = 0 if op.cat == "FW" else 2
+                a[k] += s.dur
+                a[k + 1] += s.gap
+                if op.cat == "FW" and op.layer:
+                    order[name] = min(order.get(name, math.inf), s.offset)
+            elif op.cat == "UPDATE":
+                u += s.dur + s.gap
+            else:
+                o += s.dur + s.gap
+        per.append(acc)
+        wu.append(u)
+        overhead.append(o)
+    params: dict[str, int] = {}
+    for nt in workers[:1]:
+        for t in nt.tensors:
+            params[t.name.rsplit(".", 1)[0]] = params.get(t.name.rsplit(".", 1)[0], 0) + t.bytes
+    names = sorted((n for n in order if n in shapes), key=lambda n: order[n])
+    missing = sorted(n for n in order if n not in shapes)
+    notes = [f"layers without recorded shapes, counted with (rest): {', '.join(missing)}"] if missing else []
+    fields = {n: _shape_fields(shapes[n], batch) for n in names}
+    for i, n in enumerate(names):  # a layer's output is the next layer's input
+        f = fields[n]
+        if i + 1 < len(names):
+            f["y_bytes"] = fields[names[i + 1]]["x_bytes"]
+        f.setdefault("y_bytes", f["x_bytes"])
+        if n in params:
+            f["w_bytes"] = params[n]
+    total_w = sum(f.get("w_bytes", 0) for f in fields.values()) or 1
+    wu_total = mean(wu) if wu else 0.0
+
+    def avg(name: str, k: int) -> float:
+        return mean([sum(p[m][k] for m in p if m == name or (name == "(rest)" and m in missing)) for p in per])
+
+    # the recorder's own overhead taken out, as `dpro replay` does (dpro/graph/overhead.py)
+    ov = job.profiling_overhead
+    k = ov.factor if ov is not None else 1.0
+    if k != 1.0:
+        notes.append(f"profiling overhead taken out of the layer times: x{k:.3f} ({ov.pct:+.1f}% in the window)")
+        per = [{n: [v * k for v in a] for n, a in acc.items()} for acc in per]
+        wu_total, overhead = wu_total * k, [o * k for o in overhead]
+    layers = [Layer(name=n, fw_us=avg(n, 0) / batch, fw_call_us=avg(n, 1), bw_us=avg(n, 2) / batch, bw_call_us=avg(n, 3),
+                    wu_us=wu_total * fields[n].get("w_bytes", 0) / total_w, **fields[n]) for n in names]
+    rest = Layer(name="(rest)", kind=OTHER, fw_us=avg("(rest)", 0) / batch, fw_call_us=avg("(rest)", 1),
+                 bw_us=avg("(rest)", 2) / batch, bw_call_us=avg("(rest)", 3))
+    if rest.fw_us or rest.bw_us or rest.fw_call_us or rest.bw_call_us:
+        layers.append(rest)
+    return ModelProfile(layers=layers, batch=batch, overhead_us=mean(overhead) if overhead else 0.0,
+                        source=str(where), notes=notes)

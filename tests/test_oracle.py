@@ -1,0 +1,266 @@
+"""dpro oracle: the formulas on a hand-computed two-layer network, every limit, a real
+trace's layers, the command line and its bad input (docs/oracle.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpro.oracle.formulas import GE, HALO, LAYERWISE, P2P, Link, Options, predict
+from dpro.oracle.layers import OTHER, WEIGHTED, Layer, ModelProfile
+from dpro.oracle.platform import Platform
+
+DATA = Path(__file__).parent / "data" / "oracle_cnn"
+B = 8
+PLAT = Platform(alpha_us=10.0, beta_us_per_byte=0.01)
+
+
+def two_layers() -> ModelProfile:
+    """conv (2 -> 4 channels, 4x4, 3x3 kernel) then fc (256 B in, 2 outputs)."""
+    conv = Layer("conv", WEIGHTED, fw_us=10, bw_us=20, wu_us=3, x_bytes=128, y_bytes=256, w_bytes=300,
+                 channels=2, filters=4, height=4, width=4, kernel=3)
+    fc = Layer("fc", WEIGHTED, fw_us=1, bw_us=2, wu_us=5, x_bytes=256, y_bytes=8, w_bytes=2000, channels=64, filters=2)
+    return ModelProfile([conv, fc], batch=4)
+
+
+def run(strategy: str, p: int, **kw):
+    return predict(two_layers(), strategy, p, PLAT, Options(batch=B, **kw))
+
+
+def test_link_formulas() -> None:
+    link = Link(10, 0.01)
+    assert link.allreduce(4, 400) == pytest.approx(2 * 3 * (10 + 0.01 * 100))
+    assert link.allgather(4, 400) == pytest.approx(3 * (10 + 0.01 * 100))
+    assert link.p2p(100) == pytest.approx(11)
+    assert link.shared(2).allreduce(2, 100) == pytest.approx(2 * (10 + 2 * 0.01 * 50))
+    assert link.allreduce(1, 100) == 0
+
+
+def test_data() -> None:
+    x = run("data", 2)
+    assert x.compute_us == pytest.approx((10 + 20 + 1 + 2) * 8 / 2 + 3 + 5)  # 140
+    assert x.communication_us == {GE: pytest.approx(2 * (10 + 0.01 * 2300 / 2))}  # 43
+    assert x.iteration_us == pytest.approx(183)
+    assert x.memory_bytes == 2 * 4 * (128 + 256) + 2 * 300 + 2 * 4 * (256 + 8) + 2 * 2000  # 9784
+    assert x.feasible and x.grid == {"data": 2}
+
+
+def test_filter() -> None:
+    x = run("filter", 2)
+    assert x.compute_us == pytest.approx(33 * 8 / 2 + 8 / 2)  # 136
+    # gather of conv's output, gather of fc's output, all-reduce of fc's input gradient
+    assert x.communication_us[LAYERWISE] == pytest.approx(20.24 + 10.32 + 40.48)
+    assert x.memory_bytes == 2 * 8 * 384 + 300 + 2 * 8 * 264 + 2000
+
+
+def test_channel() -> None:
+    x = run("channel", 2)
+    assert x.compute_us == pytest.approx(136)
+    # all-reduce of conv's output, all-reduce of fc's output, gather of fc's input gradient
+    assert x.communication_us[LAYERWISE] == pytest.approx(40.48 + 20.64 + 20.24)
+
+
+def test_spatial() -> None:
+    x = run("spatial", 2)
+    assert x.compute_us == pytest.approx(30 * 8 / 2 + 3 * 8 + 8)  # conv split, fc replicated
+    halo = 1 * 4 * 2 * 4  # kernel // 2 rows x width x channels x 4 bytes
+    assert x.communication_us[HALO] == pytest.approx(2 * 1 * (10 + 0.01 * 8 * halo))  # 25.12
+    assert x.communication_us[LAYERWISE] == pytest.approx(1 * (10 + 0.01 * 8 * 256 / 2))  # row gather
+    assert x.communication_us[GE] == pytest.approx(2 * (10 + 0.01 * 300 / 2))  # conv weights only
+    assert x.memory_bytes == 2 * 4 * 384 + 600 + 2 * 8 * 264 + 4000
+
+
+def test_pipeline() -> None:
+    x = run("pipeline", 2, micro=2)
+    assert x.grid == {"stages": 2, "micro_batches": 2, "cuts": ["fc"]}
+    assert x.compute_us == pytest.approx((2 + 2 - 1) * (10 * 4 + 20 * 4) + 5)  # 365
+    assert x.communication_us[P2P] == pytest.approx(2 * (2 + 2 - 2) * (10 + 0.01 * 4 * 256))  # 80.96
+    assert x.memory_bytes == max(2 * 8 * 384 + 600, 2 * 8 * 264 + 4000)
+
+
+def test_hybrids_with_contention() -> None:
+    x = run("data+filter", 4)
+    assert x.grid == {"data": 2, "filter": 2} and x.contention == 2
+    assert x.compute_us == pytest.approx(33 * 4 / 2 + 8 / 2)  # 70
+    assert x.communication_us[LAYERWISE] == pytest.approx(71.04)  # phi = 2 on 4 samples = filter on 8
+    assert x.communication_us[GE] == pytest.approx(2 * (10 + 2 * 0.01 * 1150 / 2))  # 43
+    y = run("data+spatial", 4)
+    assert y.compute_us == pytest.approx(30 * 4 / 2 + 3 * 4 + 8)  # 80
+    assert y.communication_us[HALO] == pytest.approx(2 * (10 + 2 * 0.01 * 4 * 32))
+    assert y.communication_us[GE] == pytest.approx(2 * 3 * (10 + 0.01 * 75) + 2 * (10 + 2 * 0.01 * 1000))
+    z = predict(two_layers(), "data+filter", 4, PLAT, Options(batch=B, contention=False))
+    assert z.communication_us[GE] == pytest.approx(2 * (10 + 0.01 * 1150 / 2)) and z.contention == 1
+
+
+@pytest.mark.parametrize("strategy,p,limit", [
+    ("data", 16, "batch"),            # 16 devices > 8 samples
+    ("filter", 4, "filters"),         # fc has 2 outputs
+    ("channel", 4, "channels"),       # conv has 2 input channels
+    ("spatial", 8, "height"),         # 4 rows
+    ("pipeline", 3, "layers"),        # 2 layers with weights
+    ("data+filter", 2, "devices"),    # no 2 x 2 split of 2
+    ("data+filter", 8, "filters"),    # 2 x 4 and 4 x 2: the best feasible split is chosen...
+])
+def test_limits(strategy: str, p: int, limit: str) -> None:
+    x = run(strategy, p)
+    if strategy == "data+filter" and p == 8:  # ...4 data x 2 filter is feasible
+        assert x.feasible and x.grid == {"data": 4, "filter": 2}
+        return
+    assert not x.feasible and x.limit == limit, x.limit_reason
+    assert run(strategy, 2 if strategy != "data+filter" else 4).feasible
+
+
+def test_memory_limit() -> None:
+    x = run("data", 2, memory_budget=9000)
+    assert not x.feasible and x.limit == "memory" and "9784" in x.limit_reason
+    assert run("data", 4, memory_budget=9000).feasible  # activations shrink with more devices
+
+
+def test_model_from_real_trace() -> None:
+    """The bundled trace: examples/parallel/train.py --strategy data, 2 ranks, batch 32."""
+    import dpro
+    from dpro.oracle.layers import model_profile
+
+    m = model_profile(dpro.open(DATA))
+    assert m.batch == 16
+    names = [x.name for x in m.layers]
+    assert names[:9] == ["conv1", "relu1", "conv2", "relu2", "pool2", "conv3", "relu3", "flatten", "fc"]
+    conv1, pool2, fc = m.layers[0], m.layers[4], m.layers[8]
+    assert (conv1.kind, conv1.channels, conv1.filters, conv1.height, conv1.kernel) == (WEIGHTED, 4, 16, 16, 3)
+    assert (conv1.x_bytes, conv1.y_bytes, conv1.w_bytes) == (4 * 16 * 16 * 4, 16 * 16 * 16 * 4, (16 * 4 * 9 + 16) * 4)
+    assert pool2.y_bytes == 32 * 8 * 8 * 4
+    assert (fc.kind, fc.channels, fc.filters, fc.w_bytes) == (WEIGHTED, 2048, 8, (8 * 2048 + 8) * 4)
+    assert m.layers[-1].name == "(rest)" and m.layers[-1].kind == OTHER
+    assert all(x.fw_us > 0 and x.bw_us > 0 for x in m.layers)
+
+
+def test_cli_json(run_cli) -> None:
+    code, out, err = run_cli("oracle", DATA, "--devices", "2,4,8", "--memory", "4MiB", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    rows = {(r["strategy"], r["devices"]): r for r in d["strategies"]}
+    assert len(rows) == 21
+    for r in rows.values():
+        assert set(r) >= {"strategy", "devices", "iteration_us", "compute_us", "communication_us", "memory_bytes",
+                          "feasible", "limit"}
+    assert rows[("channel", 8)]["limit"] == "channels" and rows[("pipeline", 8)]["limit"] == "layers"
+    assert rows[("data", 2)]["rank"] == 1 or rows[("data", 2)]["feasible"]
+    assert rows[("filter", 2)]["limit"] == "memory"
+    # gamma is fitted so that the profiled configuration (data, 2 x 16 samples) predicts the
+    # recorded peak (dpro's memory model on the trace's allocations)
+    peak = max(m.peak_bytes for m in __import__("dpro").open(DATA).replay().memory.values())
+    assert rows[("data", 2)]["memory_bytes"] == pytest.approx(peak, abs=2)
+    assert any("memory reuse factor" in n for n in d["notes"])
+    assert "--micro" in rows[("pipeline", 4)]["launcher"]
+
+
+def test_cli_summary_and_platform(run_cli, tmp_path: Path) -> None:
+    plat = tmp_path / "platform.json"
+    plat.write_text(json.dumps({"alpha_us": 5, "beta_us_per_byte": 0.001}))
+    code, out, err = run_cli("oracle", DATA, "--devices", "4", "--platform", plat)
+    assert code == 0, err
+    assert "best:" in out and "launcher:" in out and "α 5.0 µs" in out
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--devices", "0"], "device count"),
+    (["--devices", "2,x"], "device count"),
+    (["--memory", "lots"], "not a size"),
+    (["--batch", "0"], "--batch"),
+])
+def test_bad_options(run_cli, args, msg) -> None:
+    code, out, err = run_cli("oracle", DATA, *args)
+    assert code != 0 and msg in err
+
+
+def test_bad_platform(run_cli, tmp_path: Path) -> None:
+    plat = tmp_path / "p.json"
+    plat.write_text(json.dumps({"alpha_us": "fast"}))
+    code, _, err = run_cli("oracle", DATA, "--platform", plat)
+    assert code == 2 and "alpha_us" in err and len(err.strip().splitlines()) == 1
+
+
+def test_trace_without_layers(run_cli) -> None:
+    """A torch.profiler trace without dpro's layer annotations: one line saying what is needed."""
+    trace = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp_gloo_2rank_mlp"
+    code, _, err = run_cli("oracle", trace, "--devices", "2")
+    assert code == 2 and "layer annotations" in err and "dpro.Recorder" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_trace_without_shapes(run_cli, tmp_path: Path) -> None:
+    """Layer annotations but no recorded shapes (the layer_shapes meta removed)."""
+    import gzip
+    import shutil
+
+    d = tmp_path / "noshapes"
+    shutil.copytree(DATA, d)
+    for f in d.glob("*.dfg.json.gz"):
+        dfg = json.loads(gzip.decompress(f.read_bytes()))
+        dfg.get("meta", {}).pop("layer_shapes", None)
+        f.write_bytes(gzip.compress(json.dumps(dfg).encode()))
+    code, _, err = run_cli("oracle", d, "--devices", "2")
+    assert code == 2 and "no recorded layer shapes" in err and "record_shapes" in err
+
+
+def test_simulate() -> None:
+    """--simulate: one group without overlap replays the analytical sum; GPipe's schedule
+    (hand-computed: stage 0 conv 40/80 µs per micro-batch, stage 1 fc 4/8, sends 20.24)."""
+    from dpro.oracle.simulate import simulate_prediction
+
+    opts = Options(batch=B, micro=2)
+    for s in ("data", "filter", "channel", "spatial"):
+        x = run(s, 2)
+        assert simulate_prediction(two_layers(), x, PLAT, opts) == pytest.approx(x.iteration_us), s
+    pipe = run("pipeline", 2, micro=2)
+    assert simulate_prediction(two_layers(), pipe, PLAT, opts) == pytest.approx(295.48)
+    # 2 data groups' layer-wise collectives queue on one link: no faster than one group alone
+    df = run("data+filter", 4)
+    assert simulate_prediction(two_layers(), df, PLAT, Options(batch=B)) >= df.compute_us + 71.04 / 2
+
+
+def test_cores_slowdown() -> None:
+    plat = Platform(10.0, 0.01, cores=2)
+    x = predict(two_layers(), "data", 4, plat, Options(batch=B))
+    assert x.compute_us == pytest.approx(((10 + 20 + 1 + 2) * 8 / 4 + 8) * 2)
+
+
+def test_cli_simulate(run_cli) -> None:
+    code, out, err = run_cli("oracle", DATA, "--devices", "2,4", "--simulate", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["strategies"]
+    for r in rows:
+        assert ("simulated_iteration_us" in r) == r["feasible"], r["strategy"]
+        if r["feasible"] and r["strategy"] in ("data", "filter", "channel", "spatial"):  # one group: the sum
+            assert r["simulated_iteration_us"] == pytest.approx(r["iteration_us"], rel=1e-9)
+        if r["feasible"] and r["strategy"] == "pipeline":  # the schedule fills some of the bubbles
+            assert r["simulated_iteration_us"] < r["iteration_us"]
+
+
+def test_layer_shapes_from_kineto_events() -> None:
+    """The importer keeps the first shaped op of each layer annotation (innermost layer wins)."""
+    from dpro.importers.kineto.read import RankFile
+    from dpro.importers.kineto.shapes import layer_shapes
+
+    def ev(name, cat, ts, dur, args=None):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": 1, "args": args or {}}
+
+    conv = {"Input Dims": [[8, 3, 32, 32], [16, 3, 3, 3], [16], [], [], [], []], "Input type": ["float"] * 3,
+            "Concrete Inputs": ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]}
+    events = [
+        ev("dpro.layer::block", "user_annotation", 0, 100),
+        ev("dpro.layer::block.conv", "user_annotation", 1, 50),
+        ev("aten::conv2d", "cpu_op", 2, 40, conv),
+        ev("aten::convolution", "cpu_op", 3, 30, {"Input Dims": [[1]]}),  # a child: not the first
+        ev("aten::add", "cpu_op", 60, 5, {"Input Dims": [[8, 16, 32, 32], [8, 16, 32, 32]]}),
+        ev("dpro.layer::block.conv", "user_annotation", 200, 50),  # a second call: kept is the first
+        ev("aten::conv2d", "cpu_op", 201, 40, {"Input Dims": [[4, 3, 32, 32]]}),
+        ev("aten::relu", "cpu_op", 300, 5, {"Input Dims": [[8, 16]]}),  # outside any layer
+    ]
+    out = layer_shapes(RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None, events=events))
+    assert set(out) == {"block", "block.conv"}
+    assert out["block.conv"]["op"] == "aten::conv2d" and out["block.conv"]["dims"][0] == [8, 3, 32, 32]
+    assert out["block.conv"]["concrete"][3] == "[1, 1]"
+    assert out["block"]["op"] == "aten::add"
