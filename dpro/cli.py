@@ -71,6 +71,8 @@ def cli(verbose: int) -> None:
       dpro align traces/             clock offsets between hosts (CVXPY)
       dpro optimize traces/ -o out/  a faster strategy (fusion, partition) and its settings
       dpro report traces/ -o r.html  one self-contained HTML page (charts, Gantt, critical path)
+      dpro whatif traces/ --workers 2,4,8   what if: more workers/servers, another network, AMP, ...
+      dpro calibrate -o platform.json       this machine's all-reduce cost, for dpro whatif --platform
       dpro import kineto DIR -o OUT  convert torch.profiler traces to a gTrace directory
       dpro import byteps DIR -o OUT  convert BytePS traces (docs/byteps.md)
       dpro import pslite DIR -o OUT  convert ps-lite message traces (docs/pslite.md)
@@ -441,6 +443,151 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
     from dpro.oracle.render import print_oracle
 
     print_oracle(res, path)
+
+
+@cli.command(name="whatif")
+@click.argument("path", type=click.Path(path_type=Path), required=False)
+@click.option("--workers", default=None, metavar="N|N1,N2,..",
+              help="Predict for N workers (a list gives a scaling curve). Default: as profiled.")
+@click.option("--servers", type=int, default=None, help="Parameter servers (PS jobs; default: as profiled).")
+@click.option("--bandwidth", default=None, metavar="RATE", help="Link bandwidth, e.g. 10Gbit, 200Mbit, 1.25GB/s.")
+@click.option("--profiled-bandwidth", default=None, metavar="RATE",
+              help="The bandwidth the profile ran at: --bandwidth then swaps only the wire's share of beta.")
+@click.option("--latency", default=None, metavar="TIME", help="Per-message overhead, e.g. 5us, 0.2ms.")
+@click.option("--platform", "platform_file", type=click.Path(path_type=Path), default=None,
+              help="alpha/beta measured by `dpro calibrate` (needed when the profile has no collectives to fit).")
+@click.option("--algorithm", type=click.Choice(["ring", "tree"]), default="ring", show_default=True,
+              help="All-reduce algorithm of the scale-out model.")
+@click.option("--async", "asynchronous", is_flag=True, help="Asynchronous SGD (PS): throughput by discrete-event simulation.")
+@click.option("--steps", "sim_steps", default=1000, show_default=True, help="Steps of the asynchronous simulation.")
+@click.option("--host-cores", type=int, default=None, metavar="C",
+              help="All workers share C cores of one host (local runs): compute slows by workers/C beyond C.")
+@click.option("--apply", "apply_specs", multiple=True, metavar="NAME[:k=v,..]",
+              help="Apply a what-if to the job's graph and replay it (repeatable; see --list).")
+@click.option("--load-whatif", "modules", multiple=True, metavar="MODULE",
+              help="Import MODULE and offer its @dpro.whatif.whatif functions to --apply.")
+@click.option("--list", "list_only", is_flag=True, help="List the available what-ifs and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
+@_rank_opt
+def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, bandwidth: str | None,
+               profiled_bandwidth: str | None, latency: str | None,
+               platform_file: Path | None, algorithm: str, asynchronous: bool, sim_steps: int,
+               host_cores: int | None, apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool,
+               as_json: bool, no_align: bool, rank_pattern: str) -> None:
+    """What if the job traced in PATH ran differently (docs/whatif.md)?
+
+    \b
+    Scale-out: --workers/--servers/--bandwidth/--latency/--async predict the step time
+    (or asynchronous throughput) on another cluster, from a profile of any size:
+      dpro whatif traces/ --workers 2,4,8 --json        scaling curve (all-reduce: ring)
+      dpro whatif traces/ --workers 4 --bandwidth 1Gbit --platform platform.json
+      dpro whatif ps-traces/ --workers 4 --servers 2 --async
+    Graph what-ifs (Daydream's primitives): --apply NAME[:k=v,...], e.g.
+      dpro whatif traces/ --apply mixed_precision --apply network:bandwidth=10
+    With scale-out options too, the what-ifs change each worker before it is scaled out.
+    """
+    from dpro.whatif import available
+    from dpro.whatif.platform import load_platform, parse_bandwidth, parse_time_us, parse_workers
+
+    table = available(modules)
+    if list_only:
+        for name, fn in sorted(table.items()):
+            click.echo(f"{name:18} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return
+    if path is None:
+        raise click.UsageError("PATH is required (unless --list)")
+    try:
+        counts = parse_workers(workers) if workers is not None else None
+        bw = parse_bandwidth(bandwidth) if bandwidth is not None else None
+        lat = parse_time_us(latency) if latency is not None else None
+        pbw = parse_bandwidth(profiled_bandwidth) if profiled_bandwidth is not None else None
+    except ValueError as e:
+        raise DproInputError(None, str(e)) from None
+    if servers is not None and servers < 1:
+        raise DproInputError(None, f"--servers {servers}: must be >= 1")
+    if host_cores is not None and host_cores < 1:
+        raise DproInputError(None, f"--host-cores {host_cores}: must be >= 1")
+    if sim_steps < 1:
+        raise DproInputError(None, f"--steps {sim_steps}: must be >= 1")
+    plat = load_platform(platform_file) if platform_file is not None else None
+    from dpro.job import open_job
+
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
+    calls = []
+    scale_out = counts is not None or bw is not None or lat is not None or servers is not None or asynchronous
+    if apply_specs:
+        from dpro.whatif import of
+        from dpro.whatif.registry import parse_apply
+
+        calls = [parse_apply(s, table) for s in apply_specs]
+    if apply_specs and not scale_out:
+        g = of(job)
+        base = job.replay()
+        for fn, params in calls:
+            fn(g, **params)
+        r = g.simulate()
+        out = {"applied": list(apply_specs), "baseline_iteration_us": base.predicted_iteration_us,
+               "predicted_iteration_us": r.iteration_us,
+               "speedup": base.predicted_iteration_us / r.iteration_us if r.iteration_us else None}
+        if as_json:
+            print_json(out)
+        else:
+            click.echo(f"{path}: {', '.join(apply_specs)}: {base.predicted_iteration_us / 1e3:.2f} ms -> "
+                       f"{r.iteration_us / 1e3:.2f} ms (x{out['speedup']:.2f})")
+        return
+    from dpro.whatif.scaleout import Cluster, predict
+
+    nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
+    pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores,
+                   profiled_bandwidth=pbw)
+           for n in (counts or [nprof])]
+    res = predict(job, pts, plat, whatifs=calls)
+    if as_json:
+        print_json(res.to_json())
+        return
+    t = res.transfer
+    click.echo(f"{path}: {res.kind}{' (asynchronous)' if res.asynchronous else ''}, profiled with "
+               f"{res.profiled_workers} worker(s); link alpha {t.alpha:.1f} us, beta {t.beta * 1e3:.4f} us/KB "
+               f"({res.transfer_source})")
+    if res.measured_iteration_us:
+        click.echo(f"  measured iteration (profile): {res.measured_iteration_us / 1e3:.2f} ms")
+    for p in res.points:
+        srv = f", {p.servers} server(s)" if p.servers else ""
+        click.echo(f"  {p.workers:4d} worker(s){srv}: {p.iteration_us / 1e3:9.2f} ms per step, "
+                   f"{p.throughput:8.2f} steps/s")
+    for n in res.notes:
+        click.echo(f"  note: {n}")
+
+
+@cli.command(name="calibrate")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("platform.json"), show_default=True,
+              help="Platform file to write (docs/whatif.md).")
+@click.option("--processes", "-n", default=2, show_default=True, help="Local processes in the group.")
+@click.option("--backend", default="gloo", show_default=True, help="torch.distributed backend.")
+@click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
+def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool) -> None:
+    """Measure this machine's all-reduce cost (alpha, beta) for `dpro whatif --platform`.
+
+    Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
+    and fits t = 2(N-1) * (alpha + beta * bytes/N) (per ring step; µs, bytes).
+    """
+    if processes < 2:
+        raise DproInputError(None, f"--processes {processes}: at least 2")
+    if repeats < 1:
+        raise DproInputError(None, f"--repeats {repeats}: at least 1")
+    from dpro.jsonio import write_json
+    from dpro.whatif.calibrate import calibrate
+
+    d = calibrate(processes, backend, repeats=repeats)
+    write_json(output, d)
+    if as_json:
+        print_json(d)
+    else:
+        a = d["allreduce"]
+        click.echo(f"wrote {output}: {backend}, {processes} processes: alpha {a['alpha_us']:.1f} us, "
+                   f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%})")
 
 
 @cli.group(name="import")

@@ -22,7 +22,7 @@ LAYERS: list[list[str]] = [
     ["dpro.loader", "dpro.replayer", "dpro.profiler"],
     ["dpro.optimizer"],
     ["dpro.job", "dpro.passes"],
-    ["dpro.oracle"],
+    ["dpro.oracle", "dpro.whatif"],
     ["dpro.report"],
     ["dpro.cli_imports"],
     ["dpro.cli"],

@@ -1,0 +1,96 @@
+"""What-if validation on real MXNet parameter-server jobs (ps-lite): profile small, predict larger.
+
+The job ``examples/mxnet/train_ps.py --model MODEL`` is profiled once with 1 worker and
+1 server (``dpro profile``), for ``dist_sync`` and ``dist_async``; ``dpro whatif TRACE
+--workers 2,3,4 --servers S [--async] --json`` predicts each cluster; every cluster is then
+run UNPROFILED (``DPRO_DISABLE=1``) and timed by the training script itself (per-step wall
+clock, mean over workers, median over the steps after the warm-up;
+benchmarks/fidelity/ps_jobs.py). For ``dist_async`` the comparison is the mean step
+time of a worker (workers / throughput). Loopback, or ``--cap-mbit`` (network namespaces,
+root). Other load on the machine is reported (foreign CPU %, as benchmarks/fidelity).
+
+    .venv-mx/bin/python benchmarks/whatif/ps.py [--model mlp] [--workers 2,3,4] [--servers 1,2] [--kvstores dist_sync,dist_async]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def _load(name: str, path: Path):
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--workers", default="2,3,4")
+    ap.add_argument("--servers", default="1,2")
+    ap.add_argument("--kvstores", default="dist_sync,dist_async")
+    ap.add_argument("--cap-mbit", type=float, default=None)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-ps"))
+    o = ap.parse_args()
+    pj = _load("ps_jobs", REPO / "benchmarks" / "fidelity" / "ps_jobs.py")
+    fid = _load("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
+    dpro = [str(pj.MX / "python"), "-m", "dpro.cli"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rows = []
+    for kv in o.kvstores.split(","):
+        d = o.out / kv
+        trace = d / "profile_1w1s"
+        if not trace.exists():
+            pj.run([*dpro, "profile", "-o", str(trace), "--warmup", str(pj.WARMUP), "--steps", str(pj.STEPS), "--",
+                    *pj.job_cmd(o.model, 1, 1, d / "timing_prof", pj.WARMUP + pj.STEPS + 2, o.cap_mbit),
+                    "--kvstore", kv], env=env)
+        for s in [int(x) for x in o.servers.split(",")]:
+            args = ["whatif", str(trace), "--workers", o.workers, "--servers", str(s), "--json",
+                    "--host-cores", str(os.cpu_count())]
+            if kv == "dist_async":
+                args.append("--async")
+            pred = json.loads(pj.run([*dpro, *args], env=env).stdout)
+            for pt in pred["scaling"]:
+                w = pt["workers"]
+                tdir = d / f"truth_{w}w{s}s"
+                if not (tdir / "load.json").exists():  # measured once; a rerun only predicts again
+                    meter = fid.CpuMeter()
+                    pj.run([*pj.job_cmd(o.model, w, s, tdir, pj.WARMUP + 15, o.cap_mbit), "--kvstore", kv],
+                           env={**env, "DPRO_DISABLE": "1"})
+                    (tdir / "load.json").write_text(json.dumps({"foreign_cpu_pct": meter.foreign_pct(),
+                                                                "load_avg_1m": os.getloadavg()[0]}))
+                meas = pj.measured_us(tdir, pj.WARMUP)
+                rows.append({"kvstore": kv, "workers": w, "servers": s, "predicted_us": pt["iteration_us"],
+                             "measured_us": meas, "error_pct": 100 * (pt["iteration_us"] - meas) / meas,
+                             **json.loads((tdir / "load.json").read_text()),
+                             "profile_measured_us": pred["measured_iteration_us"]})
+                print(f"# {kv} {w}w{s}s: predicted {pt['iteration_us'] / 1e3:.2f} ms, measured {meas / 1e3:.2f} ms",
+                      flush=True)
+    print(f"{'case':26} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'foreign %':>9}")
+    for r in rows:
+        print(f"{o.model + ' ' + r['kvstore'] + ' 1w1s->' + str(r['workers']) + 'w' + str(r['servers']) + 's':26} "
+              f"{r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
+              f"{r['foreign_cpu_pct'] or 0:9.0f}")
+    errs = sorted(abs(r["error_pct"]) for r in rows)
+    if errs:
+        print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "
+              f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    o.out.mkdir(parents=True, exist_ok=True)
+    (o.out / "results.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""What-if validation: predicted vs measured step time of real DDP (gloo) jobs at other scales.
+
+For each profile size P (default 1 and 2 workers) the job
+``examples/pytorch/train_ddp.py --model MODEL`` is profiled with torch.profiler at P ranks
+(loopback, torchrun); ``dpro whatif TRACE --workers 2,3,4 --json`` predicts each target
+scale (a 1-worker profile has no collective to fit: it gets ``--platform`` from
+``dpro calibrate``, run once here); then every target is run UNPROFILED and timed by the
+training script itself (``--timing-out``: ``time.perf_counter()`` step to step, mean over
+the ranks, median over the timed steps of two runs, one before and one after the profiles)
+-- the harness trusts nothing dpro says
+about the measured side. ``foreign_cpu_pct`` is the CPU time other processes used during
+each measured run (benchmarks/fidelity/run.py's meter): other work on a shared machine.
+
+Usage::
+
+    python benchmarks/whatif/run.py [--model mlp] [--profiles 1,2] [--targets 2,3,4] [--out /tmp/dpro-whatif]
+    python benchmarks/whatif/run.py --cap-mbit 500                       # in namespaces, capped (root)
+    python benchmarks/whatif/run.py --profiles '' --bandwidth-case 1000:200,500
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+TRAIN = ROOT / "examples" / "pytorch" / "train_ddp.py"
+
+
+def _fidelity():
+    spec = importlib.util.spec_from_file_location("fidelity_run", ROOT / "benchmarks" / "fidelity" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity_run"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def launch(n: int, port: int, args: list[str], cap_mbit: float | None, fid, log_dir: Path,
+           timeout: float = 900) -> None:
+    """Run n ranks of train_ddp.py: torchrun over loopback, or (``cap_mbit``) one network
+    namespace per rank with a tbf cap on its link (benchmarks/fidelity/netns.py; root)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if cap_mbit is None:
+        cmds = [[PY, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+                 "--master_port", str(port), str(TRAIN), *args]]
+        err = fid.run_processes(cmds, log_dir, timeout, lambda _: None)
+    else:
+        with fid.NetnsCluster(n, rate_mbit=cap_mbit) as net:
+            cmds = [net.exec_prefix(r) + ["env", *net.env_assignments(r, port), PY, str(TRAIN), *args]
+                    for r in range(n)]
+            err = fid.run_processes(cmds, log_dir, timeout, lambda _: None)
+    if err:
+        raise RuntimeError(f"{n} ranks, cap {cap_mbit}: {err}")
+
+
+def measure(n: int, model: str, out: Path, port: int, steps: int, warmup: int, fid, reuse: bool,
+            cap_mbit: float | None = None) -> dict:
+    """Unprofiled run of n ranks: its steps (mean over ranks, µs), foreign CPU % and load."""
+    out.mkdir(parents=True, exist_ok=True)
+    if reuse and (out / "meta.json").exists():
+        return json.loads((out / "meta.json").read_text())
+    meter = fid.CpuMeter()
+    launch(n, port, ["--model", model, "--steps", str(steps), "--warmup", str(warmup),
+                     "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
+    per_rank = [json.loads((out / f"t{r}.json").read_text())["step_us"] for r in range(n)]
+    res = {"steps_us": [sum(v) / len(v) for v in zip(*per_rank)], "foreign_cpu_pct": meter.foreign_pct() or 0.0,
+           "load_avg_1m": os.getloadavg()[0]}
+    (out / "meta.json").write_text(json.dumps(res))
+    return res
+
+
+def combine(runs: list[dict]) -> dict:
+    """Ground truth over several runs: the median step (each step the mean over the ranks),
+    its inter-quartile range in % (noise), the runs' mean foreign CPU % and load."""
+    steps = [x for r in runs for x in r["steps_us"]]
+    q = statistics.quantiles(steps, n=4)
+    med = statistics.median(steps)
+    return {"measured_us": med, "noise_pct": 100 * (q[2] - q[0]) / med,
+            "foreign_cpu_pct": statistics.mean(r["foreign_cpu_pct"] for r in runs),
+            "load_avg_1m": statistics.mean(r["load_avg_1m"] for r in runs)}
+
+
+def dpro(*args: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([PY, "-m", "dpro.cli", *args], capture_output=True, text=True, env=env, timeout=900)
+    if p.returncode:
+        raise RuntimeError(f"dpro {' '.join(args)}: {p.stderr.strip()}")
+    return json.loads(p.stdout) if "--json" in args else {}
+
+
+def profile(p: int, o, port: int, fid, tdir: Path, cap_mbit: float | None) -> None:
+    if not (o.reuse and tdir.exists()):
+        launch(p, port, ["--model", o.model, "--steps", str(o.warmup + 6), "--warmup", str(o.warmup),
+                         "--profile-dir", str(tdir), "--active", "5"], cap_mbit, fid, tdir.parent / f"{tdir.name}_logs")
+
+
+def row(o, network: str, p: int, n: int, pt: dict, pred: dict, truth: dict) -> dict:
+    m = truth["measured_us"]
+    return {"model": o.model, "network": network, "profiled_workers": p, "workers": n,
+            "predicted_us": pt["iteration_us"], **truth, "error_pct": 100 * (pt["iteration_us"] - m) / m,
+            "transfer": pred["transfer"], "profile_measured_us": pred["measured_iteration_us"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--profiles", default="1,2", help="profile sizes (workers); empty: none")
+    ap.add_argument("--targets", default="2,3,4")
+    ap.add_argument("--cap-mbit", type=float, default=None,
+                    help="run profiles and targets in network namespaces under this tbf cap (root)")
+    ap.add_argument("--bandwidth-case", default=None, metavar="PROF:T1,T2",
+                    help="also profile 2 workers capped at PROF Mbit/s and predict 2 workers at T1, T2 Mbit/s")
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
+    ap.add_argument("--port", type=int, default=29900)
+    ap.add_argument("--reuse", action="store_true", help="keep the measurements and profiles already in OUT")
+    ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
+                    help="passed to dpro whatif: the ranks share this host's cores (default: all of them)")
+    o = ap.parse_args()
+    fid = _fidelity()
+    o.out.mkdir(parents=True, exist_ok=True)
+    port = o.port
+    plat = o.out / "platform.json"
+    if not plat.exists():
+        dpro("calibrate", "-o", str(plat))
+    net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
+    sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
+    common = ["--host-cores", str(o.host_cores)]
+    rows = []
+    profiles = [int(x) for x in o.profiles.split(",") if x.strip()]
+    if profiles:
+        targets = [int(x) for x in o.targets.split(",")]
+        runs: dict[int, list[dict]] = {n: [] for n in targets}
+
+        def truths(k: int) -> None:  # one unprofiled run of every target
+            nonlocal port
+            for n in targets:
+                port += 1
+                runs[n].append(measure(n, o.model, sub / f"truth{n}_{k}", port, o.steps, o.warmup, fid, o.reuse,
+                                       o.cap_mbit))
+
+        truths(0)  # before and after the profiles: slow drifts of the machine hit both sides
+        preds = []
+        for p in profiles:
+            port += 1
+            tdir = sub / f"profile{p}"
+            profile(p, o, port, fid, tdir, o.cap_mbit)
+            extra = ["--platform", str(plat)] if p == 1 else []
+            if p == 1 and o.cap_mbit is not None:
+                extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
+            preds.append((p, dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common)))
+        truths(1)
+        for p, pred in preds:
+            rows += [row(o, net, p, pt["workers"], pt, pred, combine(runs[pt["workers"]])) for pt in pred["scaling"]]
+    if o.bandwidth_case:
+        prof, _, tgts = o.bandwidth_case.partition(":")
+        port += 1
+        tdir = o.out / f"bw_profile{prof}"
+        profile(2, o, port, fid, tdir, float(prof))
+        for t in [float(x) for x in tgts.split(",")]:
+            port += 1
+            tr = combine([measure(2, o.model, o.out / f"bw_truth{t:g}_{k}", port + k * 50, o.steps, o.warmup, fid,
+                                  o.reuse, t) for k in range(2)])
+            pred = dpro("whatif", str(tdir), "--workers", "2", "--bandwidth", f"{t:g}Mbit",
+                        "--profiled-bandwidth", f"{prof}Mbit", "--json", *common)
+            rows.append(row(o, f"{prof}->{t:g} Mbit/s", 2, 2, pred["scaling"][0], pred, tr))
+    print(f"{'case':36} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'foreign %':>9} {'profile ms':>10}")
+    for r in rows:
+        case = f"{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
+        print(f"{case:36} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
+              f"{r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f} {r['profile_measured_us'] / 1e3:10.2f}")
+    errs = sorted(abs(r["error_pct"]) for r in rows)
+    if errs:
+        print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "
+              f"(machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    name = "results" + ("" if o.cap_mbit is None else f"_cap{o.cap_mbit:g}") + ("" if profiles else "_bandwidth") + ".json"
+    (o.out / name).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""What-if validation of graph what-ifs on real one-process jobs: mixed precision (bf16
+autocast on CPU) and a fused / foreach optimizer.
+
+The plain job (``examples/whatif/train_variant.py --model MODEL``) is profiled once;
+``dpro whatif TRACE --apply NAME --json`` predicts each variant; each variant then runs
+UNPROFILED twice (before and after the prediction), timed by the script itself (median
+step). Reports predicted vs measured and the machine's load (foreign CPU %).
+
+    .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--out /tmp/dpro-whatif-variants]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "whatif" / "train_variant.py"
+#: variant -> (train_variant.py options, what-if to apply)
+VARIANTS = {
+    "amp-bf16": (["--amp"], "mixed_precision"),
+    "sgd-foreach": (["--optimizer", "sgd-foreach"], "fused_optimizer"),
+    "sgd-fused": (["--optimizer", "sgd-fused"], "fused_optimizer:speedup=1.6"),
+}
+
+
+def _fid():
+    spec = importlib.util.spec_from_file_location("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity_run"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def train(args: list[str], timing: Path | None = None) -> list[float]:
+    cmd = [sys.executable, str(SCRIPT), *args] + (["--timing-out", str(timing)] if timing else [])
+    subprocess.run(cmd, check=True, timeout=1200, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return json.loads(timing.read_text())["step_us"] if timing else []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per variant (the first before the prediction)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--amp-factors", type=Path, default=None,
+                    help="DPRO_AMP_FACTORS for the prediction (default: measured here by benchmarks/amp_calibration.py)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-variants"))
+    o = ap.parse_args()
+    fid = _fid()
+    o.out.mkdir(parents=True, exist_ok=True)
+    base = ["--model", o.model, "--steps", str(o.steps), "--warmup", str(o.warmup)]
+    trace = o.out / "plain"
+    if not trace.exists():
+        train([*base, "--profile-dir", str(trace)])
+    factors = o.amp_factors or o.out / "amp_factors.json"
+    if not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "amp_calibration.py"), "--repeats", "5",
+                        "--json", str(factors)], check=True, capture_output=True, timeout=1800)
+    env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_AMP_FACTORS=str(factors))
+    rows = []
+    for name in o.variants.split(","):
+        opts, spec = VARIANTS[name]
+        meter = fid.CpuMeter()
+        steps = train([*base, *opts], o.out / f"{name}_0.json")
+        p = subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(trace), "--apply", spec, "--json"],
+                           check=True, capture_output=True, text=True, env=env)
+        pred = json.loads(p.stdout)
+        for k in range(1, o.runs):
+            steps += train([*base, *opts], o.out / f"{name}_{k}.json")
+        plain = train(base, o.out / f"plain_{name}.json")
+        meas = statistics.median(steps)
+        rows.append({"variant": name, "whatif": spec, "predicted_us": pred["predicted_iteration_us"],
+                     "baseline_predicted_us": pred["baseline_iteration_us"], "measured_us": meas,
+                     "plain_measured_us": statistics.median(plain),
+                     "error_pct": 100 * (pred["predicted_iteration_us"] - meas) / meas,
+                     # against the drift of a shared machine: the change, each side against its own baseline
+                     "predicted_ratio": pred["predicted_iteration_us"] / pred["baseline_iteration_us"],
+                     "measured_ratio": meas / statistics.median(plain),
+                     "foreign_cpu_pct": meter.foreign_pct(), "load_avg_1m": os.getloadavg()[0]})
+    print(f"{'variant':14} {'what-if':30} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'plain ms':>9} "
+          f"{'pred x':>7} {'meas x':>7} {'foreign %':>9}")
+    for r in rows:
+        print(f"{r['variant']:14} {r['whatif']:30} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} "
+              f"{r['error_pct']:+7.1f} {r['plain_measured_us'] / 1e3:9.2f} {r['predicted_ratio']:7.3f} "
+              f"{r['measured_ratio']:7.3f} {r['foreign_cpu_pct'] or 0:9.0f}")
+    print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    (o.out / "results.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

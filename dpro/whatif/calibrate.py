@@ -1,0 +1,75 @@
+"""``dpro calibrate``: measure a platform's all-reduce cost (alpha, beta) with local processes.
+
+N processes (default 2) on this machine join a ``torch.distributed`` group (gloo by
+default), all-reduce float32 tensors of sizes from 4 KiB to 64 MiB (a few warm-up calls,
+then ``repeats`` timed ones each, every rank entering together after a barrier) and rank 0
+keeps the median time per size. ``t = 2(N-1) * (alpha + beta * B/N)`` is fitted by least
+absolute deviations with alpha, beta >= 0 (:func:`dpro.graph.comm_model.lad_link_cost`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dpro.graph.comm_model import lad_link_cost, ring_steps
+from dpro.whatif.platform import FORMAT
+
+DEFAULT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int], repeats: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    rows = []
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        for _ in range(2):
+            dist.all_reduce(x)
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            ts.append((time.perf_counter() - t0) * 1e6)
+        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts)})
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None = None, repeats: int = 10) -> dict:
+    """Measure and fit; returns the platform file's content (:mod:`dpro.whatif.platform`)."""
+    import torch.multiprocessing as mp
+
+    if processes < 2:
+        raise ValueError("calibrate needs at least 2 processes")
+    sizes = sizes or DEFAULT_SIZES
+    with tempfile.TemporaryDirectory(prefix="dpro-calibrate-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        mp.spawn(_rank_main, args=(processes, _free_port(), backend, sizes, repeats, out), nprocs=processes, join=True)
+        rows = json.loads(Path(out).read_text())
+    k = ring_steps(processes)
+    A = np.array([[k, k * r["bytes"] / processes] for r in rows], dtype=float)
+    lc = lad_link_cost(A, np.array([r["us"] for r in rows], dtype=float))
+    return {"format": FORMAT, "version": 1, "backend": backend, "processes": processes, "host": socket.gethostname(),
+            "allreduce": {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "fit_error": lc.fit_error,
+                          "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N)"},
+            "samples": rows}

@@ -1,0 +1,459 @@
+"""Scale-out: the same job on another cluster (workers, servers, bandwidth, latency).
+
+From any profile, one worker included, a representative worker (the lowest rank) is kept
+with its op times; its communication is re-costed for the new cluster with the primitives:
+
+* **all-reduce** (DDP, Horovod): each coarse collective of B bytes takes
+  :func:`~dpro.whatif.models.allreduce_us` (ring or tree) for N workers, with alpha/beta
+  fitted on the trace's own collectives (dpro.graph.comm_model) or from a platform file
+  (``dpro calibrate``);
+* **parameter server** (MXNet over ps-lite): every push and pull is a message on the
+  connection between the worker and a server; a key's pieces go to MXNet's servers for M
+  servers (``(key*9973) % M``, or split over all when it has at least the big-array bound
+  of elements); the N workers push to a server in the same phase, so each connection gets
+  1/N of the server's port (bandwidth sharing, :func:`~dpro.whatif.models.share_bandwidth`
+  in the symmetric case), and the messages queued on one connection are multiplexed
+  (:func:`~dpro.whatif.models.multiplex`: heads up to the window first, then tails: the
+  ``schedule`` primitive); the server aggregates and updates each piece once;
+* **asynchronous SGD** (``dist_async``): a discrete-event simulation over many steps, each
+  worker's compute time sampled from the profiled steps, its pushes and pulls sharing the
+  servers' ports with the other workers' (fluid processor sharing), no barrier.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dpro.errors import DproInputError
+from dpro.whatif.graph import Op, WhatIfGraph
+from dpro.whatif.models import Transfer, allreduce_us
+from dpro.whatif.platform import Platform
+
+if TYPE_CHECKING:
+    from dpro.job import Job
+
+log = logging.getLogger(__name__)
+
+#: MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (elements)
+DEFAULT_BOUND = 1_000_000
+#: ps-lite/ZMQ control window (bytes) of the multiplexing model: first pieces of this size
+#: of every queued message go out before the rest (the simulator's stream window)
+DEFAULT_WINDOW = 64 << 10
+
+
+@dataclass
+class Cluster:
+    """The cluster to predict for."""
+
+    workers: int
+    servers: int | None = None
+    #: bytes per µs of a link (None: as profiled / the platform's)
+    bandwidth: float | None = None
+    #: per-message overhead µs (None: as profiled / the platform's)
+    latency_us: float | None = None
+    algorithm: str = "ring"
+    asynchronous: bool = False
+    #: steps of the asynchronous simulation
+    steps: int = 1000
+    seed: int = 0
+    #: the workers share this many cores of one host (local runs): with more workers than
+    #: cores, every computation op takes workers/cores times as long (None: a host each)
+    host_cores: int | None = None
+    #: bytes per µs of the links the profile ran on, if known (refines ``bandwidth``)
+    profiled_bandwidth: float | None = None
+
+
+@dataclass
+class Point:
+    workers: int
+    servers: int | None
+    iteration_us: float
+    #: iterations per second of the whole job (asynchronous: steps per second over all workers)
+    throughput: float
+    breakdown_us: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"workers": self.workers, "servers": self.servers, "iteration_us": self.iteration_us,
+                "throughput_steps_per_s": self.throughput, "breakdown_us": self.breakdown_us}
+
+
+@dataclass
+class ScaleOutResult:
+    """Predictions for one or several worker counts (:meth:`to_json` is ``dpro whatif --json``)."""
+
+    kind: str
+    points: list[Point]
+    transfer: Transfer
+    transfer_source: str
+    profiled_workers: int
+    measured_iteration_us: float | None
+    asynchronous: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_iteration_us(self) -> float:
+        return self.points[0].iteration_us
+
+    def to_json(self) -> dict:
+        p0 = self.points[0]
+        return {
+            "kind": self.kind, "asynchronous": self.asynchronous,
+            "predicted_iteration_us": p0.iteration_us, "throughput_steps_per_s": p0.throughput,
+            "breakdown_us": p0.breakdown_us,
+            "scaling": [p.to_json() for p in self.points],
+            "profiled_workers": self.profiled_workers, "measured_iteration_us": self.measured_iteration_us,
+            "transfer": {"alpha_us": self.transfer.alpha, "beta_us_per_byte": self.transfer.beta,
+                         "source": self.transfer_source},
+            "notes": self.notes,
+        }
+
+
+def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str) -> tuple[Transfer, str]:
+    """alpha/beta: the platform file's, else fitted on the trace; --bandwidth/--latency override."""
+    t, src = None, ""
+    if platform is not None:
+        t, src = platform.transfer(kind), f"platform {platform.source}"
+    else:
+        if kind == "allreduce":
+            lc = job.replay().build.link_cost
+        else:
+            from dpro.optimizer.ps.costs import fit_server_link
+
+            lc = fit_server_link(job.trace, list(job.steps))
+        if lc is not None:
+            t, src = Transfer(lc.alpha, lc.beta), "fitted on the trace"
+    if cluster.bandwidth is not None:
+        wire = 1.0 / cluster.bandwidth
+        if t is None:
+            t, src = Transfer(0.0, wire), "bandwidth given"
+        elif cluster.profiled_bandwidth is not None:
+            # the fitted beta is the profiled wire plus the library's own per-byte work: swap the wire
+            t = Transfer(t.alpha, max(0.0, t.beta - 1.0 / cluster.profiled_bandwidth) + wire)
+            src += " (wire swapped for the bandwidth given)"
+        else:
+            # the wire and the library's per-byte work pipeline: the slower one sets the pace
+            t = Transfer(t.alpha, max(t.beta, wire))
+            src += " (bandwidth given: beta = max(fitted, 1/bandwidth))"
+    if cluster.latency_us is not None:
+        t = Transfer(cluster.latency_us, t.beta if t else 0.0)
+        src += " (latency given)"
+    if t is None:
+        raise DproInputError(job.path, f"no {kind} link cost: the profile has none to fit (one worker?); "
+                             "give --platform (dpro calibrate) or --bandwidth and --latency")
+    return t, src.strip()
+
+
+def _workers(job: Job) -> list[WhatIfGraph]:
+    """Each profiled worker's ops of the job's DFG (collectives coarse, as measured), by rank."""
+    from dpro.whatif.view import of
+
+    names = [n for _, n in sorted((nt.info.rank, name) for name, nt in job.trace.nodes.items()
+                                  if nt.info.role == "worker")]
+    if not names:
+        raise DproInputError(job.path, "no worker in the trace")
+    full = of(job, expand_collectives=False)
+    out = []
+    for name in names:
+        g = full.copy()
+        for op in list(g.select(lambda o, n=name: o.node != n)):
+            g.remove(op)
+        out.append(g)
+    return out
+
+
+def _simulate_point(g: WhatIfGraph, n: int, servers: int | None) -> Point:
+    from dpro.replayer.breakdown import breakdown
+
+    r = g.simulate()
+    owners = [i for i, o in enumerate(r.graph.owners) if not o.startswith(("server", "conn:"))]
+    it = r.iteration_us
+    return Point(n, servers, it, 1e6 / it if it > 0 else 0.0, breakdown(r.graph, r.schedule, owners[:1]))
+
+
+def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None = None,
+            whatifs: list[tuple[Callable, dict]] = ()) -> ScaleOutResult:
+    """Predict each cluster of ``cluster_points`` (same servers/bandwidth, several worker
+    counts); ``whatifs``: (function, params) applied to each representative worker's graph
+    first (e.g. mixed precision on 8 workers)."""
+    if not cluster_points:
+        raise ValueError("no cluster to predict")
+    c0 = cluster_points[0]
+    workers = [nt for nt in job.trace.nodes.values() if nt.info.role == "worker"]
+    has_ps = any(nt.info.role == "server" for nt in job.trace.nodes.values()) or any(
+        op.sub_op == "PUSH_REQ" for nt in workers for op in nt.ops.values())
+    kind = "ps" if has_ps else "allreduce"
+    if kind == "allreduce" and (c0.servers or c0.asynchronous):
+        raise DproInputError(job.path, "--servers/--async need a parameter-server profile; this one all-reduces")
+    transfer, src = _transfer(job, c0, platform, kind)
+    measured = job.replay().measured_iteration_us
+    res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
+    kvstore = str((job.trace.manifest.meta or {}).get("kvstore") or "")
+    if kind == "ps" and "async" in kvstore and not c0.asynchronous:
+        res.notes.append(f"profiled with {kvstore}: --async predicts its throughput")
+    reps = _workers(job)
+    for fn, params in whatifs:
+        for g in reps:
+            fn(g, **params)
+    if len(reps) > 1:
+        res.notes.append(f"each of the {len(reps)} profiled workers predicted as the representative; "
+                         "synchronous: the slowest one's iteration")
+    for c in cluster_points:
+        if c.asynchronous:
+            res.points.append(_async_point(job, reps[0], c, transfer))
+            continue
+        one = _allreduce_point if kind == "allreduce" else (lambda g, c, t: _ps_point(job, g, c, t))
+        res.points.append(max((one(g.copy(), c, transfer) for g in reps), key=lambda p: p.iteration_us))
+    return res
+
+
+# -- all-reduce -------------------------------------------------------------------------------
+def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point]) -> Point:
+    """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
+
+    Each worker needs ``busy`` µs of CPU a step (its computation ops); N of them fit on C
+    cores only if the step lasts at least ``N*busy/C``. Processor sharing slows every
+    computation op by the least factor ``f`` in ``[1, N/C]`` with ``T(f) >= N*busy/C``
+    (bisection: the step ``T`` grows with ``f``). A CPU-bound job slows by N/C; one whose
+    workers wait on the network lends those waits to the others (workers not in lockstep)."""
+    n, cores = c.workers, c.host_cores
+    if not cores or n <= cores:
+        return point(g.copy())
+    from dpro.whatif.builtin import compute_speed
+
+    busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
+    need = n * busy / cores
+
+    def at(f: float) -> Point:
+        h = g.copy()
+        compute_speed(h, factor=1.0 / f)
+        return point(h)
+
+    lo, hi = 1.0, n / cores
+    first = at(lo)
+    if first.iteration_us >= need:
+        return first
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        if at(mid).iteration_us >= need:
+            hi = mid
+        else:
+            lo = mid
+    return at(hi)
+
+
+def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"):
+        op.dur = allreduce_us(op.bytes, c.workers, t, c.algorithm)
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, None))
+
+
+# -- parameter server -------------------------------------------------------------------------
+@dataclass
+class _Piece:
+    key: str
+    server: int
+    bytes: int
+
+
+def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_Piece]], int]:
+    """Per gradient (tensor base name): its pieces for ``servers`` servers by MXNet's rule."""
+    from dpro.optimizer.ps.layout import base_name, mxnet_home
+
+    w = next(nt for nt in job.trace.nodes.values() if nt.info.role == "worker")
+    keymap = w.meta.get("keys") if isinstance(w.meta.get("keys"), dict) else {}
+    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    bound = int(job.trace.manifest.meta.get("bigarray_bound") or DEFAULT_BOUND) if isinstance(
+        getattr(job.trace.manifest, "meta", None), dict) else DEFAULT_BOUND
+    total: dict[str, int] = {}
+    for op in g.select(lambda o: o.attrs.get("sub_op") == "PUSH_REQ"):
+        name = base_name(op.attrs.get("tensor") or op.name)
+        total[name] = total.get(name, 0) + op.bytes
+    out = {}
+    for i, (name, nbytes) in enumerate(sorted(total.items())):
+        if nbytes // 4 >= bound and servers > 1:
+            out[name] = [_Piece(name, s, nbytes // servers) for s in range(servers)]
+        else:
+            out[name] = [_Piece(name, mxnet_home(key_of.get(name, i), servers), nbytes)]
+    return out, bound
+
+
+def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    """Synchronous PS: the worker's pushes and pulls re-costed and re-placed, one step."""
+    from dpro.optimizer.ps.costs import fit_update
+    from dpro.optimizer.ps.layout import base_name
+
+    servers = c.servers or _profiled_servers(job)
+    pieces, _ = _ps_pieces(job, g, servers)
+    ua, ub = fit_update(job.trace, list(job.steps))
+    share = c.workers  # the N workers' messages to one server share its port: 1/N each
+    node = next(iter(g.ops.values())).node
+    conn = Transfer(t.alpha, t.beta * share)
+    window = DEFAULT_WINDOW
+    by_key: dict[str, list[Op]] = {}
+    for op in list(g.select(lambda o: o.attrs.get("sub_op") in ("PUSH_REQ", "PULL_RES"))):
+        by_key.setdefault(base_name(op.attrs.get("tensor") or op.name), []).append(op)
+    heads: set[int] = set()
+    for name, ops in by_key.items():
+        push = [o for o in ops if o.attrs["sub_op"] == "PUSH_REQ"]
+        pull = [o for o in ops if o.attrs["sub_op"] == "PULL_RES"]
+        before = {p for o in push for p in g.pred[o.id]} - {o.id for o in ops}
+        after = {s for o in pull for s in g.succ[o.id]} - {o.id for o in ops}
+        prio = min(o.prio for o in push) if push else 0.0
+        for o in ops:
+            g.remove(o)
+        ends = []
+        for p in pieces.get(name, []):
+            # push: head up to the window, then the tail (multiplexing), on the connection to the server
+            up = _message(g, before, f"{node}/push:{name}@s{p.server}", f"conn:{node}->s{p.server}", node,
+                          p.bytes, conn, window, prio, heads)
+            upd = g.insert([up], Op(name=f"server{p.server}/update:{name}", cat="UPDATE", node=f"server{p.server}",
+                                    device=f"server{p.server}/update", dur=ua + ub * p.bytes, prio=prio))
+            down = _message(g, [upd.id], f"{node}/pull:{name}@s{p.server}", f"conn:s{p.server}->{node}",
+                            f"server{p.server}", p.bytes, conn, window, prio, heads)
+            ends.append(down)
+        for e in ends:
+            for a in after:
+                g.connect(e, a)
+    g.schedule(lambda op: (0.0 if op.id in heads or op.cat != "COMM" else 1e12) + op.prio)
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers))
+
+
+def _message(g: WhatIfGraph, before, name: str, device: str, node: str, nbytes: int, cost: Transfer,
+             window: int, prio: float, heads: set[int]) -> int:
+    """A message as its head (up to ``window`` bytes) and tail on ``device``; the tail's id."""
+    head = g.insert(before, Op(name=f"{name}:head", cat="COMM", device=device, node=node, comm_device=True,
+                               dur=cost.us(min(nbytes, window)), bytes=min(nbytes, window), prio=prio,
+                               attrs={"sub_op": "PS_MSG"}))
+    heads.add(head.id)
+    if nbytes <= window:
+        return head.id
+    tail = g.insert([head.id], Op(name=f"{name}:tail", cat="COMM", device=device, node=node, comm_device=True,
+                                  dur=cost.beta * (nbytes - window), bytes=nbytes - window, prio=prio,
+                                  attrs={"sub_op": "PS_MSG"}))
+    return tail.id
+
+
+def _profiled_servers(job: Job) -> int:
+    return max(1, sum(1 for nt in job.trace.nodes.values() if nt.info.role == "server"))
+
+
+# -- asynchronous SGD -------------------------------------------------------------------------
+def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    """Discrete-event simulation of ``c.steps`` steps of asynchronous SGD.
+
+    A worker alone runs the synchronous one-worker graph (its pushes overlap its backward
+    pass): its step ``T1`` and compute-only time ``C`` (communication ops zeroed) give the
+    exposed communication ``T1 - C``; each server's bytes are scaled so that one worker in
+    the simulation takes exactly ``T1``, and the simulation adds what the other workers'
+    traffic through the same server ports costs."""
+    from dpro.optimizer.ps.costs import fit_update
+
+    servers = c.servers or _profiled_servers(job)
+    pieces, _ = _ps_pieces(job, base, servers)
+    per_server = [0.0] * servers
+    msgs = [0] * servers
+    for ps in pieces.values():
+        for p in ps:
+            per_server[p.server] += p.bytes
+            msgs[p.server] += 1
+    ua, ub = fit_update(job.trace, list(job.steps))
+    compute = base.copy()
+    for op in list(compute.select(lambda o: o.cat == "COMM")):
+        op.dur, op.gap = 0.0, 0.0
+    comp_us = compute.simulate().iteration_us
+    solo = _ps_point(job, base.copy(), Cluster(1, servers), t).iteration_us
+    exposed = max(0.0, solo - comp_us)
+    raw = max((2 * (t.alpha * m + t.beta * b) + m * ua + ub * b for b, m in zip(per_server, msgs) if b), default=0.0)
+    k = exposed / raw if raw > 0 else 0.0
+    samples = _step_factors(job)
+    thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
+                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed)
+    it = c.workers * 1e6 / thr if thr > 0 else 0.0
+    return Point(c.workers, servers, it, thr, {"compute": comp_us, "exposed_COMM_alone": exposed})
+
+
+def _step_factors(job: Job) -> list[float]:
+    """Each profiled step's duration over their mean (the lowest-rank worker): the sampled variation."""
+    w = min((nt for nt in job.trace.nodes.values() if nt.info.role == "worker"), key=lambda nt: nt.info.rank)
+    d = [w.steps[s][1] for s in job.steps if s in w.steps] or [1.0]
+    m = float(np.mean(d))
+    return [x / m for x in d] if m > 0 else [1.0]
+
+
+def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
+                   t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0) -> float:
+    """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
+    compute (a sample of ``compute_us``) -> push its gradients to every server (``server_bytes``,
+    ``server_msgs`` messages) -> the server updates (``update_alpha*msgs + update_beta*bytes``,
+    serial per server) -> pull the weights back -> next step, until ``steps`` steps are done
+    in all; no barrier. Each server port has one link per direction at ``1/beta`` bytes/µs,
+    shared equally by the flows through it at the moment (fluid processor sharing); a
+    message's overhead ``alpha`` counts as ``alpha/beta`` bytes of its flow."""
+    rng = random.Random(seed)
+    bw = 1.0 / t.beta if t.beta > 0 else 1e30
+    ns = len(server_bytes)
+    size = [server_bytes[s] + server_msgs[s] * t.alpha * bw for s in range(ns)]
+    active_servers = [s for s in range(ns) if server_bytes[s] > 0]
+    now = 0.0
+    # timers: (time, seq, kind, worker, server); kinds: 0 compute done, 1 update done
+    timers: list[tuple[float, int, int, int, int]] = []
+    seq = 0
+    for w in range(workers):
+        heapq.heappush(timers, (rng.choice(compute_us), seq, 0, w, -1))
+        seq += 1
+    flows: dict[tuple[int, int], dict[int, float]] = {}  # (server, direction 0 in / 1 out) -> worker -> bytes left
+    left = [0] * workers  # servers a worker still waits for
+    upd_free = [0.0] * ns
+    done = 0
+    while done < steps:
+        nxt, which = float("inf"), None
+        for port, fl in flows.items():
+            if fl:
+                w, b = min(fl.items(), key=lambda kv: kv[1])
+                tt = now + b * len(fl) / bw
+                if tt < nxt:
+                    nxt, which = tt, (port, w)
+        tn = min(nxt, timers[0][0] if timers else float("inf"))
+        if tn == float("inf"):
+            break
+        for fl in flows.values():
+            if fl:
+                moved = (tn - now) * bw / len(fl)
+                for w in fl:
+                    fl[w] -= moved
+        now = tn
+        if which is not None and tn == nxt:
+            (srv, direction), w = which
+            del flows[(srv, direction)][w]
+            if direction == 0:  # push arrived: update, then pull
+                start = max(now, upd_free[srv])
+                upd_free[srv] = start + update_alpha * server_msgs[srv] + update_beta * server_bytes[srv]
+                heapq.heappush(timers, (upd_free[srv], seq, 1, w, srv))
+                seq += 1
+            else:
+                left[w] -= 1
+                if left[w] == 0:
+                    done += 1
+                    heapq.heappush(timers, (now + rng.choice(compute_us), seq, 0, w, -1))
+                    seq += 1
+            continue
+        _, _, kind, w, srv = heapq.heappop(timers)
+        if kind == 0:
+            if not active_servers:
+                done += 1
+                heapq.heappush(timers, (now + rng.choice(compute_us), seq, 0, w, -1))
+                seq += 1
+                continue
+            left[w] = len(active_servers)
+            for s_ in active_servers:
+                flows.setdefault((s_, 0), {})[w] = size[s_]
+        else:
+            flows.setdefault((srv, 1), {})[w] = size[srv]
+    return done * 1e6 / now if now > 0 else 0.0

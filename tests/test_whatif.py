@@ -1,0 +1,268 @@
+"""What-if primitives, built-ins and models on tiny graphs with hand-computed results."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dpro.whatif.builtin import compute_speed, fused_optimizer, network, p3
+from dpro.whatif.graph import Op, WhatIfGraph
+from dpro.whatif.models import Transfer, allreduce_us, multiplex, share_bandwidth
+from dpro.whatif.platform import parse_bandwidth, parse_time_us, parse_workers
+from dpro.whatif.scaleout import simulate_async
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp_gloo_2rank_mlp"
+
+
+def _op(g: WhatIfGraph, name: str, dur: float, device: str = "d0", cat: str = "FW", **kw) -> Op:
+    return g.add(Op(name=name, cat=cat, device=device, dur=dur, node="w0", **kw))
+
+
+def test_select_and_scale():
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 10), _op(g, "b", 20, cat="BW")
+    g.connect(a, b)
+    assert g.simulate().iteration_us == 30
+    sel = g.select(lambda op: op.cat == "BW")
+    assert [op.name for op in sel] == ["b"]
+    sel.scale(0.5)
+    assert g.simulate().iteration_us == 20  # 10 + 20*0.5
+    assert len(g.select("^a$")) == 1
+    with pytest.raises(ValueError):
+        g.select("a").scale(-1)
+
+
+def test_insert_between_devices():
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 10), _op(g, "b", 5, device="d1")
+    c = g.insert([a], Op(name="c", cat="COMM", device="link", dur=7), [b])
+    r = g.simulate()
+    assert r.start_us(c) == 10 and r.start_us(b) == 17 and r.iteration_us == 22
+
+
+def test_remove_keeps_dependencies_through_the_op():
+    g = WhatIfGraph()
+    a, c, b = _op(g, "a", 10), _op(g, "c", 3, device="d1"), _op(g, "b", 5, device="d2")
+    g.connect(a, c)
+    g.connect(c, b)
+    assert g.simulate().iteration_us == 18
+    g.remove(c)
+    assert [p.name for p in g.preds(b)] == ["a"]
+    assert g.simulate().iteration_us == 15
+
+
+def _contended() -> tuple[WhatIfGraph, Op, Op]:
+    """A link busy 0-20 (q); y becomes ready at 10, z at 5; w (10 µs) waits for y."""
+    g = WhatIfGraph()
+    _op(g, "q", 20, device="L", prio=0)
+    r, s = _op(g, "r", 10, device="d0"), _op(g, "s", 5, device="d1")
+    y, z = _op(g, "y", 5, device="L", prio=1), _op(g, "z", 5, device="L", prio=2)
+    w = _op(g, "w", 10, device="d2")
+    g.connect(r, y)
+    g.connect(s, z)
+    g.connect(y, w)
+    return g, y, z
+
+
+def test_schedule_policy_changes_the_order():
+    g, y, z = _contended()
+    fifo = g.simulate()  # first ready first: z 20-25, y 25-30, w 30-40
+    assert (fifo.start_us(z), fifo.start_us(y), fifo.iteration_us) == (20, 25, 40)
+    g.schedule(lambda op: {"y": 0, "z": 1}.get(op.name, 5))  # y first: y 20-25, w 25-35, z 25-30
+    pr = g.simulate()
+    assert (pr.start_us(y), pr.start_us(z), pr.iteration_us) == (20, 25, 35)
+    g.schedule("fifo")
+    assert g.simulate().iteration_us == 40
+    with pytest.raises(ValueError):
+        g.schedule("lifo")
+
+
+def test_compute_speed_and_network():
+    g = WhatIfGraph()
+    a = _op(g, "a", 10)
+    c = g.insert([a], Op(name="ar", cat="COMM", device="link", dur=8, comm_device=True,
+                         attrs={"sub_op": "ALLREDUCE"}))
+    compute_speed(g, factor=2.0)
+    assert g.simulate().iteration_us == 13  # 10/2 + 8
+    network(g, bandwidth=4.0)
+    assert g.ops[c.id].dur == 2 and g.simulate().iteration_us == 7
+
+
+def test_fused_optimizer_one_launch():
+    g = WhatIfGraph()
+    bw = _op(g, "bw", 10, cat="BW")
+    ups = [_op(g, f"u{i}", d, cat="UPDATE", gap=1.0, prio=i) for i, d in enumerate((3, 4, 5))]
+    end = _op(g, "end", 0, device="d1", cat="OTHER")
+    for u in ups:
+        g.connect(bw, u)
+        g.connect(u, end)
+    assert g.simulate().iteration_us == 10 + 3 * 1 + 12
+    fused_optimizer(g)
+    assert len(g.select(lambda o: o.cat == "UPDATE")) == 1
+    assert g.simulate().iteration_us == 10 + 1 + 12  # one host gap
+
+
+def test_p3_slices_and_prioritises_layer_order():
+    g = WhatIfGraph()
+    # two gradients: g_late produced first (late layer), g_early produced later (first layer)
+    b1, b2 = _op(g, "bw_late", 1, cat="BW"), _op(g, "bw_early", 1, cat="BW")
+    g.connect(b1, b2)
+    g.insert([b1], Op(name="push_late", cat="COMM", device="L", dur=40, bytes=40, prio=1, comm_device=True,
+                      attrs={"sub_op": "PUSH_REQ"}))
+    early = g.insert([b2], Op(name="push_early", cat="COMM", device="L", dur=10, bytes=10, prio=2, comm_device=True,
+                              attrs={"sub_op": "PUSH_REQ"}))
+    fw = _op(g, "next_fw_layer1", 5, device="d9")
+    g.connect(early, fw)
+    r = g.simulate()  # FIFO: late 1-41, early 41-51, fw 51-56
+    assert r.iteration_us == 56
+    p3(g, slice_bytes=10)  # late -> 4 slices of 10 µs; early jumps ahead after the first slice
+    assert len(g.select("push_late/slice")) == 4
+    r = g.simulate()  # slice0 1-11, early 11-21, fw 21-26, slices 1..3 21-51
+    assert r.end_us(g.op("next_fw_layer1")) == 26 and r.iteration_us == 51
+
+
+def test_allreduce_models():
+    t = Transfer(alpha=1.0, beta=0.1)
+    assert allreduce_us(400, 4, t) == pytest.approx(6 * (1 + 10))
+    assert allreduce_us(400, 4, t, "tree") == pytest.approx(4 * (1 + 40))
+    assert allreduce_us(400, 1, t) == 0
+
+
+def test_multiplexing_model():
+    # window 64 B, 1 µs/B: heads 64 (100), 30 (30 done at 94), 64 (250); then tails 36 -> 194, 186 -> 380
+    assert multiplex([(0, 100), (0, 30), (0, 250)], 64, Transfer(0, 1)) == [194, 94, 380]
+    # a head arriving later goes before the pending tails; alpha paid once, with the head:
+    # head0 0-51, head1 (10 B, arrived at 10) 51-62, tail0 (50 B) 62-112
+    assert multiplex([(0, 100), (10, 10)], 50, Transfer(1, 1)) == [112, 62]
+
+
+def test_bandwidth_sharing_model():
+    assert share_bandwidth([(0, 100), (0, 100)], 1.0) == [200, 200]
+    # alone for 50 µs (50 B), then 0.5 B/µs each: first ends at 150, second alone from 150 to 200
+    assert share_bandwidth([(0, 100), (50, 100)], 1.0) == pytest.approx([150, 200])
+    assert share_bandwidth([(0, 10), (100, 10)], 1.0) == [10, 110]
+
+
+def test_async_simulation_throughput():
+    t = Transfer(0.0, 1.0)  # 1 B/µs per direction of the server port
+    # one worker: 100 compute + 50 push + 50 pull -> 200 µs a step
+    assert simulate_async(1, [100.0], [50], [1], t, 0, 0, 100) == pytest.approx(5000)
+    # two workers in lockstep share each direction: 100 + 100 (push) + 100 (pull) = 300 µs per pair
+    assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000) == pytest.approx(2e6 / 300)
+    # a 10 µs update per message, serial on the server: worker 0's 200-210, worker 1's 210-220;
+    # worker 0 pulls alone 210-220 (10 B), then both share: worker 0 ends at 300, worker 1 at 310
+    assert simulate_async(2, [100.0], [50], [1], t, 10, 0.0, 2) == pytest.approx(2e6 / 310, rel=1e-6)
+
+
+def test_units():
+    assert parse_bandwidth("8Mbit") == pytest.approx(1.0)
+    assert parse_bandwidth("1GB/s") == pytest.approx(1000.0)
+    assert parse_time_us("5us") == 5 and parse_time_us("1.5ms") == 1500
+    assert parse_workers("2,4,8") == [2, 4, 8]
+    for bad in ("0", "2,x", ""):
+        with pytest.raises(ValueError):
+            parse_workers(bad)
+    with pytest.raises(ValueError):
+        parse_bandwidth("10Gbits")
+
+
+def _cli(*args):
+    from dpro.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_graph_of_a_job_replays_like_the_job():
+    import dpro
+    import dpro.whatif
+
+    job = dpro.open(EXAMPLE)
+    w = dpro.whatif.of(job)
+    assert w.simulate().iteration_us == pytest.approx(job.replay().predicted_iteration_us)
+    w.select(lambda op: op.cat in ("FW", "BW")).scale(0.5)
+    assert w.simulate().iteration_us < job.replay().predicted_iteration_us
+
+
+def test_cli_scale_out_and_bad_parameters(tmp_path):
+    r = _cli("whatif", str(EXAMPLE), "--workers", "2,4", "--json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    d = json.loads(r.output)
+    assert [p["workers"] for p in d["scaling"]] == [2, 4]
+    assert d["scaling"][0]["iteration_us"] < d["scaling"][1]["iteration_us"]
+    for args, msg in ((["--workers", "0"], "must be >= 1"), (["--bandwidth", "3furlongs"], "bandwidth"),
+                      (["--latency", "5 parsecs"], "latency")):
+        r = _cli("whatif", str(EXAMPLE), *args)
+        assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output
+    flat = tmp_path / "flat.json"
+    flat.write_text('{"alpha_us": 10, "beta_us_per_byte": 0.001}')
+    r = _cli("whatif", str(EXAMPLE), "--platform", str(flat), "--workers", "4", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["transfer"]["alpha_us"] == 10
+    bad = tmp_path / "p.json"
+    bad.write_text('{"alpha": 1}')
+    r = _cli("whatif", str(EXAMPLE), "--platform", str(bad))
+    assert r.exit_code != 0 and "not a platform file" in r.output
+
+
+def test_cli_load_whatif(tmp_path, monkeypatch):
+    (tmp_path / "my_whatifs.py").write_text(
+        "import dpro.whatif\n\n@dpro.whatif.whatif('no_backward')\n"
+        "def no_backward(g, factor=0.0):\n    '''Backward for free.'''\n"
+        "    g.select(lambda op: op.cat == 'BW').scale(factor)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = _cli("whatif", "--list", "--load-whatif", "my_whatifs")
+    assert "no_backward" in r.output
+    r = _cli("whatif", str(EXAMPLE), "--load-whatif", "my_whatifs", "--apply", "no_backward:factor=0", "--json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    d = json.loads(r.output)
+    assert d["predicted_iteration_us"] < d["baseline_iteration_us"]
+    r = _cli("whatif", str(EXAMPLE), "--load-whatif", "no_such_module_xyz")
+    assert r.exit_code != 0 and "cannot load" in r.output
+    sys.modules.pop("my_whatifs", None)
+
+
+def test_cli_apply_with_scale_out_and_bad_what_if_parameters():
+    import json
+
+    r = _cli("whatif", str(EXAMPLE), "--workers", "2", "--json")
+    plain = json.loads(r.output)["predicted_iteration_us"]
+    r = _cli("whatif", str(EXAMPLE), "--workers", "2", "--apply", "compute_speed:factor=2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["predicted_iteration_us"] < plain
+    r = _cli("whatif", str(EXAMPLE), "--apply", "compute_speed:speed=2")
+    assert r.exit_code == 2 and "unexpected keyword" in r.output
+
+
+@pytest.mark.parametrize("comm, expected", [(0.0, 200.0), (50.0, 200.0), (100.0, 200.0), (150.0, 250.0)])
+def test_workers_sharing_cores(comm, expected):
+    """4 workers of 100 µs CPU a step on 2 cores need steps of >= 200 µs: compute slows until
+    the step is that long (CPU-bound: x2), waits on the network lend their cores."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point
+
+    g = WhatIfGraph()
+    a = _op(g, "fw", 100.0)
+    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=comm, comm_device=True))
+    p = _oversubscribed(g, Cluster(4, host_cores=2), lambda h: _simulate_point(h, 4, None))
+    assert p.iteration_us == pytest.approx(expected, rel=1e-4)
+
+
+def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
+    """The golden Horovod recording (2 workers, gloo): the profiled cluster predicts what
+    `dpro replay` does, more workers take longer (ring: 2(N-1)/N of the bytes per link)."""
+    import dpro
+    from dpro.whatif.scaleout import Cluster, predict
+
+    rec = Path(__file__).resolve().parent / "data" / "golden" / "recordings" / "horovod_torch_mlp" / "raw"
+    r = _cli("collect", str(rec), "-o", str(tmp_path / "hvd"))
+    assert r.exit_code == 0, r.output
+    job = dpro.open(tmp_path / "hvd")
+    res = predict(job, [Cluster(n) for n in (2, 4, 8)])
+    it = [p.iteration_us for p in res.points]
+    assert it[0] == pytest.approx(job.replay().predicted_iteration_us, rel=0.02)
+    assert it[0] < it[1] < it[2]
