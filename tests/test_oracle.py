@@ -164,6 +164,16 @@ def test_cli_summary_and_platform(run_cli, tmp_path: Path) -> None:
     assert "best:" in out and "launcher:" in out and "α 5.0 µs" in out
 
 
+def test_platform_from_calibrate(run_cli, tmp_path: Path) -> None:
+    """The file `dpro calibrate` writes (dpro.graph.platform) is read as it is: its all-reduce cost."""
+    plat = tmp_path / "platform.json"
+    plat.write_text(json.dumps({"format": "dpro-platform", "version": 1, "backend": "gloo", "processes": 2,
+                                "allreduce": {"alpha_us": 7, "beta_us_per_byte": 0.002}, "cores": 2}))
+    code, out, err = run_cli("oracle", DATA, "--devices", "4", "--platform", plat)
+    assert code == 0, err
+    assert "α 7.0 µs" in out
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--devices", "0"], "device count"),
     (["--devices", "2,x"], "device count"),

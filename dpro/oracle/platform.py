@@ -1,11 +1,10 @@
 """The link cost the formulas use: α (µs per message or ring step), β (µs per byte).
 
-From a platform file (``--platform FILE``), else fitted from the trace's own collectives
-(dpro/graph/comm_model.py: the replayer's ring fit). A platform file is a JSON object
-``{"alpha_us": 25.0, "beta_us_per_byte": 0.0008}`` (more keys are ignored, so the file
-``dpro calibrate`` writes can be given as is when it holds these two keys), optionally
-with ``"cores": N``: the CPU cores of one host when the devices are processes of one
-host (CPU training: p processes on fewer cores share them, so compute takes p/N longer).
+From a platform file (``--platform FILE``: :mod:`dpro.graph.platform`, what ``dpro
+calibrate`` writes or a flat ``{"alpha_us": 25.0, "beta_us_per_byte": 0.0008}``), else fitted
+from the trace's own collectives (dpro/graph/comm_model.py: the replayer's ring fit). The
+file's optional ``"cores": N`` is the CPU cores of one host when the devices are processes
+of one host (CPU training: p processes on fewer cores share them, so compute takes p/N longer).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpro.errors import DproInputError
+from dpro.graph.platform import load_platform
 
 if TYPE_CHECKING:
     from dpro.job import Job
@@ -38,22 +38,11 @@ class Platform:
 
 
 def read_platform(path: str | Path) -> Platform:
-    """A platform file: ``{"alpha_us": float >= 0, "beta_us_per_byte": float >= 0}``."""
-    from dpro.jsonio import read_json
-
-    d = read_json(Path(path))
-    if not isinstance(d, dict):
-        raise DproInputError(path, "a platform file is a JSON object {\"alpha_us\": ..., \"beta_us_per_byte\": ...}")
-    vals = []
-    for k in ("alpha_us", "beta_us_per_byte"):
-        v = d.get(k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-            raise DproInputError(path, f"platform file: {k!r} must be a number >= 0 (got {v!r})")
-        vals.append(float(v))
-    cores = d.get("cores")
-    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
-        raise DproInputError(path, f"platform file: 'cores' must be an integer >= 1 (got {cores!r})")
-    return Platform(vals[0], vals[1], str(path), cores)
+    """The all-reduce cost (and ``cores``) of a platform file (:mod:`dpro.graph.platform`:
+    what ``dpro calibrate`` writes, or the flat ``{"alpha_us", "beta_us_per_byte"}``)."""
+    plat = load_platform(path)
+    cost = plat.transfer("allreduce")
+    return Platform(cost.alpha, cost.beta, str(path), plat.cores)
 
 
 def platform_of(job: Job, path: str | Path | None = None) -> Platform:

@@ -16,18 +16,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 
+from dpro.graph.platform import Transfer
 
-@dataclass(frozen=True)
-class Transfer:
-    """Per-message overhead ``alpha`` (µs) and time per byte ``beta`` (µs/byte) of a link."""
-
-    alpha: float
-    beta: float
-
-    def us(self, nbytes: float) -> float:
-        return self.alpha + self.beta * nbytes
 
 
 def allreduce_us(nbytes: float, n: int, cost: Transfer, algorithm: str = "ring") -> float:

@@ -1,0 +1,91 @@
+"""A platform file: the measured link costs of a cluster (``dpro calibrate -o platform.json``).
+
+One reader for every analysis that takes ``--platform`` (what-if, oracle). Format (JSON, µs
+and bytes)::
+
+    {"format": "dpro-platform", "version": 1,
+     "backend": "gloo", "processes": 2, "host": "...",
+     "allreduce": {"alpha_us": 35.1, "beta_us_per_byte": 0.0021, "fit_error": 0.04},
+     "samples": [{"bytes": 4096, "us": 81.0}, ...],
+     "cores": 2}
+
+``allreduce`` is the per-ring-step cost of the backend's all-reduce (a ring all-reduce of
+B bytes over N ranks takes ``2(N-1) * (alpha + beta*B/N)``); an optional ``ps`` entry of
+the same shape is the cost of one parameter-server message; the optional ``cores`` is the
+CPU cores one host's processes share. A flat ``{"alpha_us": .., "beta_us_per_byte": ..}``
+(optionally with ``cores``) is read as the all-reduce cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpro.errors import DproInputError
+
+FORMAT = "dpro-platform"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Per-message overhead ``alpha`` (µs) and time per byte ``beta`` (µs/byte) of a link."""
+
+    alpha: float
+    beta: float
+
+    def us(self, nbytes: float) -> float:
+        return self.alpha + self.beta * nbytes
+
+
+@dataclass
+class Platform:
+    """The measured costs of a platform."""
+
+    backend: str
+    processes: int
+    allreduce: Transfer | None
+    ps: Transfer | None = None
+    source: str = ""
+    #: CPU cores shared by one host's processes (None: unknown / one device each)
+    cores: int | None = None
+
+    def transfer(self, kind: str) -> Transfer:
+        t = self.allreduce if kind == "allreduce" else (self.ps or self.allreduce)
+        if t is None:
+            raise DproInputError(self.source, f"the platform file has no {kind} cost")
+        return t
+
+
+def _transfer(d: object, path: Path, key: str) -> Transfer | None:
+    if d is None:
+        return None
+    ok = isinstance(d, dict) and all(
+        not isinstance(d.get(k), bool) and isinstance(d.get(k), (int, float)) and d[k] >= 0
+        for k in ("alpha_us", "beta_us_per_byte"))
+    if not ok:
+        raise DproInputError(path, f"not a platform file: '{key}' needs alpha_us and beta_us_per_byte, numbers >= 0")
+    return Transfer(float(d["alpha_us"]), float(d["beta_us_per_byte"]))  # type: ignore[index]
+
+
+def _cores(d: dict, path: Path) -> int | None:
+    cores = d.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise DproInputError(path, f"platform file: 'cores' must be an integer >= 1 (got {cores!r})")
+    return cores
+
+
+def load_platform(path: str | Path) -> Platform:
+    """Read a platform file (bad input: :class:`DproInputError`, one line)."""
+    from dpro.jsonio import read_json
+
+    p = Path(path)
+    d = read_json(p)
+    if isinstance(d, dict) and "format" not in d and "alpha_us" in d and "beta_us_per_byte" in d:
+        return Platform("?", 0, _transfer(d, p, "link cost"), None, str(p), _cores(d, p))
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise DproInputError(p, f"not a platform file (expected \"format\": \"{FORMAT}\" or "
+                             "{\"alpha_us\": ..., \"beta_us_per_byte\": ...}; write one with dpro calibrate)")
+    ar, ps = _transfer(d.get("allreduce"), p, "allreduce"), _transfer(d.get("ps"), p, "ps")
+    if ar is None and ps is None:
+        raise DproInputError(p, "not a platform file: neither 'allreduce' nor 'ps' costs")
+    return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p))
