@@ -96,6 +96,9 @@ def replay(
     PATH is a gTrace directory or a directory of torch.profiler traces (one file per
     rank). Prints the predicted iteration time next to the one measured in the trace and,
     where dpro's recorder measured its own overhead, the prediction without it.
+
+    The last line says which replay engine ran: the compiled core when it was built
+    (else the Python one, and why); DPRO_ENGINE=python|compiled|both forces one.
     """
     from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
@@ -122,6 +125,9 @@ def replay(
         elif m.static_bytes:
             click.echo(f"  {w}: parameters + gradients {m.static_bytes / 2**20:.1f} MiB (allocations not recorded: "
                        "no peak memory estimate)")
+    from dpro.replayer.engine import engine_line
+
+    click.echo(f"  {engine_line()}")
 
 
 @cli.command()
