@@ -88,8 +88,11 @@ def cli(verbose: int) -> None:
 @click.option("--no-expand", is_flag=True, help="Keep each collective's measured time instead of the ring model.")
 @click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
 @_rank_opt
+@click.option("--no-cache", is_flag=True,
+              help="Import the traces again instead of using the trace cache (~/.cache/dpro/traces, $DPRO_CACHE_DIR).")
 def replay(
-    path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, no_align: bool, rank_pattern: str
+    path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, no_align: bool, rank_pattern: str,
+    no_cache: bool,
 ) -> None:
     """Replay one training iteration of the job traced in PATH.
 
@@ -97,13 +100,17 @@ def replay(
     rank). Prints the predicted iteration time next to the one measured in the trace and,
     where dpro's recorder measured its own overhead, the prediction without it.
 
+    An import of torch.profiler traces is cached: a second replay of unchanged files
+    skips it (--no-cache, or DPRO_NO_CACHE=1, turns that off).
+
     The last line says which replay engine ran: the compiled core when it was built
     (else the Python one, and why); DPRO_ENGINE=python|compiled|both forces one.
     """
     from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
 
-    res = open_job(path, rank_pattern=rank_pattern, align=not no_align).replay(expand_collectives=not no_expand)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None)
+    res = job.replay(expand_collectives=not no_expand)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
     if as_json:

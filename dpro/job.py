@@ -108,18 +108,21 @@ class Job:
                         memory_budget=memory_budget, memory_passes=memory_passes, micro_trace=small, **kw)
 
 
-def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True) -> Job:
+def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True,
+             cache: bool | None = None) -> Job:
     """Open the job traced in ``path`` (a gTrace directory, torch.profiler traces, one file
     per rank): load and validate it, and with ``align`` (True or the
     :class:`~dpro.alignment.AlignOptions` to use) put every node on one clock.
 
     ``rank_pattern``: regex whose first group is the rank in a trace file name (for traces
-    without ``distributedInfo``). Bad input raises :class:`dpro.errors.DproInputError`.
+    without ``distributedInfo``). ``cache``: use the trace cache for an import
+    (:mod:`dpro.gtrace.cache`; default: on unless ``DPRO_NO_CACHE``). Bad input raises
+    :class:`dpro.errors.DproInputError`.
     """
     from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
     from dpro.loader import open_trace
 
-    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN)
+    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN, cache=cache)
     return prepare(gt, align=align, path=Path(path))
 
 

@@ -14,7 +14,8 @@
 
 Where the compiled replay core is built, every replay in the tests (golden cases, CLI runs,
 subprocesses) runs both engines and checks they agree bit for bit (``DPRO_ENGINE=both``,
-unless the caller set ``DPRO_ENGINE``).
+unless the caller set ``DPRO_ENGINE``). The trace cache is off (``DPRO_NO_CACHE=1``)
+except in tests/test_trace_cache.py.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if compiled_available():
         os.environ.setdefault("DPRO_ENGINE", "both")
+    # the trace cache stays off (nothing written to ~/.cache); tests/test_trace_cache.py turns it on
+    os.environ.setdefault("DPRO_NO_CACHE", "1")
 
 
 PROBE = find_probe()
