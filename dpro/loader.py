@@ -18,8 +18,7 @@ def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, ca
     while the files are unchanged; ``cache`` False skips it (default: on unless
     ``DPRO_NO_CACHE`` is set).
     """
-    from dpro.gtrace.validate import validate
-    from dpro.importers.kineto import import_kineto, is_kineto_path
+    from dpro.importers.kineto import is_kineto_path
 
     p = Path(path)
     if not p.exists():
