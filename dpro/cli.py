@@ -109,7 +109,8 @@ def replay(
     from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
 
-    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,
+                   progress=False if as_json else None)
     res = job.replay(expand_collectives=not no_expand)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
@@ -345,9 +346,10 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     from dpro.optimizer.output import summary_text, write_strategy_dir
     from dpro.progress import progress_pulse
 
-    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
-    small = open_trace(micro_trace, rank_pattern) if micro_trace is not None else None
-    with progress_pulse("optimizing") as tick:
+    quiet = False if as_json else None  # --json: no progress bars
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, progress=quiet)
+    small = open_trace(micro_trace, rank_pattern, progress=quiet) if micro_trace is not None else None
+    with progress_pulse("optimizing", enabled=quiet) as tick:
         res = job.optimize(passes=passes, budget_s=budget, memory_budget=mem_bytes, memory_passes=mem_passes,
                            micro_trace=small, tick=tick)
     if output is not None:
@@ -379,7 +381,8 @@ def align_cmd(
     from dpro.alignment import AlignOptions, apply_offsets
     from dpro.job import open_job
 
-    job = open_job(path, rank_pattern=rank_pattern, align=AlignOptions(reference=reference, force=one_host))
+    job = open_job(path, rank_pattern=rank_pattern, align=AlignOptions(reference=reference, force=one_host),
+                   progress=False if as_json else None)
     res = job.alignment
     if output is not None:
         from dpro.gtrace.io import write_gtrace
