@@ -555,6 +555,9 @@ def test_compiled_core_rejects_bad_arrays():
     ptr = np.array([0, 1, 1], dtype=np.int64)
     out = (np.empty(2, dtype=np.int64), np.empty(2), np.empty(2))
     assert core.simulate(1, f, i, f, ptr, np.array([1]), f, *out) == 2
+    assert core.simulate(1, f, i, f, ptr, np.array([1]), None, *out) == 2
+    with pytest.raises(ValueError, match="release has 8 bytes, expected 16"):
+        core.simulate(1, f, i, f, ptr, np.array([1]), f[:1].copy(), *out)
     with pytest.raises(ValueError, match="successor index out of range"):
         core.simulate(1, f, i, f, ptr, np.array([2]), f, *out)
     with pytest.raises(ValueError, match="device index out of range"):

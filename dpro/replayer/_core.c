@@ -189,7 +189,7 @@ static int64_t run(int64_t n, int64_t ndev, const double *dur, const int64_t *de
     if (!op || !pool || !qoff || !queue || !last || !clock || !key) goto out;
     for (int64_t i = 0; i < n; i++) {
         Op *o = &op[i];
-        o->ready = release[i];
+        o->ready = release ? release[i] : 0.0;
         o->binder = -1;
         o->pending = 0;
         o->dev = (int32_t)dev[i];
@@ -336,21 +336,29 @@ static int check_buf(Py_buffer *b, const char *name, Py_ssize_t count, Py_ssize_
 
 PyDoc_STRVAR(simulate_doc,
              "simulate(ndev, dur, dev, prio, ptr, succ, release, binder, start, end) -> ops run\n\n"
-             "C-contiguous buffers: dur, prio, release float64[n]; dev int64[n] (each in 0..ndev-1);\n"
+             "C-contiguous buffers: dur, prio, release float64[n] (release may be None: all 0);\n"
+             "dev int64[n] (each in 0..ndev-1);\n"
              "ptr int64[n+1]; succ int64[ptr[n]] (each in 0..n-1); binder int64[n], start, end float64[n]\n"
              "are written. Returns the number of ops that ran (< n: a cycle).");
 
 static PyObject *py_simulate(PyObject *self, PyObject *args) {
     Py_ssize_t ndev;
-    Py_buffer dur, dev, prio, ptr, succ, release, binder, start, end;
-    if (!PyArg_ParseTuple(args, "ny*y*y*y*y*y*w*w*w*:simulate", &ndev, &dur, &dev, &prio, &ptr, &succ, &release,
+    Py_buffer dur, dev, prio, ptr, succ, binder, start, end;
+    Py_buffer release = {0};
+    PyObject *release_obj;
+    if (!PyArg_ParseTuple(args, "ny*y*y*y*y*Ow*w*w*:simulate", &ndev, &dur, &dev, &prio, &ptr, &succ, &release_obj,
                           &binder, &start, &end))
         return NULL;
-    Py_buffer *all[] = {&dur, &dev, &prio, &ptr, &succ, &release, &binder, &start, &end};
+    Py_buffer *all[] = {&dur, &dev, &prio, &ptr, &succ, &binder, &start, &end};
     PyObject *result = NULL;
+    int has_release = release_obj != Py_None;
+    if (has_release && PyObject_GetBuffer(release_obj, &release, PyBUF_SIMPLE) < 0) {
+        for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) PyBuffer_Release(all[k]);
+        return NULL;
+    }
     Py_ssize_t n = dur.len / 8;
     if (check_buf(&dur, "dur", n, 8) || check_buf(&dev, "dev", n, 8) || check_buf(&prio, "prio", n, 8) ||
-        check_buf(&ptr, "ptr", n + 1, 8) || check_buf(&release, "release", n, 8) ||
+        check_buf(&ptr, "ptr", n + 1, 8) || (has_release && check_buf(&release, "release", n, 8)) ||
         check_buf(&binder, "binder", n, 8) ||
         check_buf(&start, "start", n, 8) || check_buf(&end, "end", n, 8))
         goto done;
@@ -378,7 +386,7 @@ static PyObject *py_simulate(PyObject *self, PyObject *args) {
     int64_t ran;
     Py_BEGIN_ALLOW_THREADS
     ran = run(n, ndev, (const double *)dur.buf, devp, (const double *)prio.buf, ptrp, succp,
-              (const double *)release.buf, (int64_t *)binder.buf, (double *)start.buf, (double *)end.buf);
+              has_release ? (const double *)release.buf : NULL, (int64_t *)binder.buf, (double *)start.buf, (double *)end.buf);
     Py_END_ALLOW_THREADS
     if (ran == -1)
         PyErr_NoMemory();
@@ -386,6 +394,7 @@ static PyObject *py_simulate(PyObject *self, PyObject *args) {
         result = PyLong_FromLongLong(ran);
 done:
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) PyBuffer_Release(all[k]);
+    if (has_release) PyBuffer_Release(&release);
     return result;
 }
 

@@ -172,7 +172,7 @@ def simulate_compiled(g: CompiledGraph, release: np.ndarray | None = None) -> Sc
     ran = core.simulate(
         len(g.devices), dur, np.ascontiguousarray(g.device, dtype=i8), np.ascontiguousarray(g.prio, dtype=f8),
         np.ascontiguousarray(g.succ_ptr, dtype=i8), np.ascontiguousarray(g.succ_idx, dtype=i8),
-        np.zeros(n) if rel is None else np.ascontiguousarray(rel), binder, start, end,
+        None if rel is None else np.ascontiguousarray(rel), binder, start, end,
     )
     if ran != n or np.isnan(start).any() or np.isnan(end).any():
         # a cycle, NaN out of inf - inf, or infinite times that stall the loop (ran -2):
