@@ -126,7 +126,8 @@ def engine_line() -> str:
         return "replay engine: compiled and python, compared bit for bit (DPRO_ENGINE=both)"
     if compiled_available():
         return "replay engine: python (DPRO_ENGINE=python)"
-    return f"replay engine: python (the compiled core is {_core()}; reinstall dpro with a C compiler for a ~10x faster replay)"
+    return (f"replay engine: python (the compiled core is {_core()}; "
+            "reinstall dpro with a C compiler for a ~10x faster replay)")
 
 
 def simulate(g: CompiledGraph, release: np.ndarray | None = None) -> Schedule:
