@@ -13,6 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # torch is pinned to the CPU build that pip finds locally on the dev/CI machines.
+# pip install -e also builds the compiled replay core (setup.py) with the machine's C compiler.
 setup: $(BIN)/python
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[test]"
@@ -53,6 +54,7 @@ demo: setup
 	$(BIN)/dpro report out/demo_trace -o out/demo_report.html --optimize --budget 20 --png out/demo_report_png
 
 test: setup horovod mxnet tf pslite browser
+	@$(BIN)/python -c 'import dpro.replayer._core' || { echo "the compiled replay core did not build (see pip's output)"; exit 1; }
 	$(BIN)/ruff check -q dpro tests benchmarks examples
 	$(BIN)/python scripts/check_layers.py
 	$(BIN)/python -m pytest -q

@@ -12,7 +12,9 @@ collective per tensor this is 161 * 126 * 64 ring ops + 64 * 962 local ops ~= 1.
 ~2.7M edges.  The graph is built directly with :class:`GraphBuilder` (no gTrace, no JSON).
 
 Timed: :func:`dpro.replayer.engine.simulate` only (median of ``--repeat`` runs, one core;
-also the CPU time and the best run, for machines shared with other work).
+also the CPU time and the best run, for machines shared with other work). ``--engine``
+picks the engine (default: the compiled core when built); ``--compare python`` also times
+the Python engine on the same graph in the same run and prints the ratio.
 Memory: ``ru_maxrss`` is the whole process's peak resident set (build included);
 ``simulate_tracemalloc_peak`` is the peak of Python allocations traced during one extra,
 untimed ``simulate`` run (tracemalloc slows it; skip with ``--no-tracemalloc``).
@@ -22,6 +24,7 @@ untimed ``simulate`` run (tracemalloc slows it; skip with ``--no-tracemalloc``).
     python benchmarks/replay_speed.py --workers 8 --repeat 5 --json
     python benchmarks/replay_speed.py --engine reference    # the unoptimised reference
     python benchmarks/replay_speed.py --check               # and require identical schedules
+    python benchmarks/replay_speed.py --compare python      # compiled core vs Python engine
 """
 
 from __future__ import annotations
@@ -162,14 +165,38 @@ def build(workers: int, buckets: int = 0, seed: int = 0, alpha: float = 8.0, bet
     return b.compile({"link_cost": cost}), len(colls)
 
 
+ENGINES = {
+    "auto": engine.simulate,
+    "compiled": engine.simulate_compiled,
+    "python": engine.simulate_python,
+    "reference": engine._simulate_reference,
+}
+
+
+def timed(simulate, g, repeat: int):
+    """Wall and CPU seconds of ``repeat`` runs, and the last schedule."""
+    times, cpu = [], []
+    sched = None
+    for _ in range(repeat):
+        sched = None
+        gc.collect()
+        t0, c0 = time.perf_counter(), time.process_time()
+        sched = simulate(g)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return times, cpu, sched
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=64)
     ap.add_argument("--buckets", type=int, default=0, help="fuse tensors into ~this many buckets (0: per tensor)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--engine", choices=("fast", "reference"), default="fast",
-                    help="time simulate (default) or the plain reference implementation it must match")
+    ap.add_argument("--engine", choices=tuple(ENGINES), default="auto",
+                    help="auto: simulate (the compiled core when built); compiled, python; reference: the plain "
+                         "reference implementation every engine must match")
+    ap.add_argument("--compare", choices=tuple(ENGINES), help="also time this engine in the same run: the ratio")
     ap.add_argument("--check", action="store_true", help="also run the reference once and require identical results")
     ap.add_argument("--no-tracemalloc", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -180,22 +207,24 @@ def main(argv: list[str] | None = None) -> dict:
     build_s = time.perf_counter() - t0
     edges = int(len(g.succ_idx))
 
-    simulate = engine.simulate if a.engine == "fast" else engine._simulate_reference
-    times, cpu = [], []
-    sched = None
-    for _ in range(a.repeat):
-        sched = None
-        gc.collect()
-        t0, c0 = time.perf_counter(), time.process_time()
-        sched = simulate(g)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    simulate = ENGINES[a.engine]
+    times, cpu, sched = timed(simulate, g, a.repeat)
     replay_s = statistics.median(times)
     replay_cpu_s = statistics.median(cpu)
     makespan = sched.makespan
+    cmp = None
+    if a.compare:
+        ctimes, ccpu, csched = timed(ENGINES[a.compare], g, a.repeat)
+        same = bool(np.array_equal(sched.start, csched.start) and np.array_equal(sched.binder, csched.binder))
+        del csched
+        cmp = {"engine": a.compare, "replay_s": round(statistics.median(ctimes), 3),
+               "replay_runs_s": [round(x, 3) for x in ctimes], "replay_cpu_s": round(statistics.median(ccpu), 3),
+               "ops_per_s": round(g.n / statistics.median(ctimes)),
+               "speedup": round(statistics.median(ctimes) / replay_s, 2),
+               "speedup_cpu": round(statistics.median(ccpu) / replay_cpu_s, 2), "identical": same}
     identical = None
     if a.check:
-        other = (engine._simulate_reference if a.engine == "fast" else engine.simulate)(g)
+        other = (engine._simulate_reference if a.engine != "reference" else engine.simulate)(g)
         identical = bool(np.array_equal(sched.start, other.start) and np.array_equal(sched.end, other.end)
                          and np.array_equal(sched.binder, other.binder))
         del other
@@ -220,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
         "replay_s": round(replay_s, 3),
         "replay_runs_s": [round(x, 3) for x in times],
         "replay_cpu_s": round(replay_cpu_s, 3),
-        "engine": a.engine,
+        "engine": a.engine if a.engine != "auto" else engine.engine_choice(),
+        "compare": cmp,
         "ops_per_s": round(g.n / replay_s),
         "ops_per_s_best_run": round(g.n / min(times)),
         "ops_per_cpu_s": round(g.n / replay_cpu_s),
@@ -236,12 +266,17 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print(f"graph: {out['ops']:,} ops, {out['edges']:,} edges, {out['devices']} devices "
               f"({a.workers} workers, {ncoll} collectives)  build {build_s:.2f} s")
-        print(f"replay ({a.engine}): median {replay_s:.3f} s of {a.repeat} ({', '.join(f'{x:.3f}' for x in times)}), "
+        print(f"replay ({out['engine']}): median {replay_s:.3f} s of {a.repeat} ({', '.join(f'{x:.3f}' for x in times)}), "
               f"CPU {replay_cpu_s:.3f} s  -> {out['ops_per_s']:,.0f} ops/s (best run {out['ops_per_s_best_run']:,.0f}, "
               f"{out['ops_per_cpu_s']:,.0f} per CPU s), "
               f"{out['edges_per_s']:,.0f} edges/s")
+        if cmp:
+            print(f"replay ({a.compare}, same run): median {cmp['replay_s']:.3f} s "
+                  f"({', '.join(f'{x:.3f}' for x in cmp['replay_runs_s'])}), CPU {cmp['replay_cpu_s']:.3f} s -> "
+                  f"{cmp['ops_per_s']:,.0f} ops/s; {out['engine']} is {cmp['speedup']}x faster "
+                  f"({cmp['speedup_cpu']}x in CPU time), schedules {'identical' if cmp['identical'] else 'DIFFER'}")
         print(f"predicted iteration: {makespan / 1e3:.2f} ms"
-              + ("" if identical is None else f"; fast and reference engines {'agree bit for bit' if identical else 'DIFFER'}"))
+              + ("" if identical is None else f"; {out['engine']} and reference engines {'agree bit for bit' if identical else 'DIFFER'}"))
         if tm_peak is not None:
             print(f"memory: simulate peak (tracemalloc, separate untimed run) {out['simulate_tracemalloc_peak_mib']} MiB; "
                   f"process max RSS (ru_maxrss, build included) {out['process_max_rss_mib']} MiB")

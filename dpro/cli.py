@@ -90,19 +90,30 @@ def cli(verbose: int) -> None:
 @click.option("--no-expand", is_flag=True, help="Keep each collective's measured time instead of the ring model.")
 @click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
 @_rank_opt
+@click.option("--no-cache", is_flag=True,
+              help="Import the traces again instead of using the trace cache (~/.cache/dpro/traces, $DPRO_CACHE_DIR).")
 def replay(
-    path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, no_align: bool, rank_pattern: str
+    path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, no_align: bool, rank_pattern: str,
+    no_cache: bool,
 ) -> None:
     """Replay one training iteration of the job traced in PATH.
 
     PATH is a gTrace directory or a directory of torch.profiler traces (one file per
     rank). Prints the predicted iteration time next to the one measured in the trace and,
     where dpro's recorder measured its own overhead, the prediction without it.
+
+    An import of torch.profiler traces is cached: a second replay of unchanged files
+    skips it (--no-cache, or DPRO_NO_CACHE=1, turns that off).
+
+    The last line says which replay engine ran: the compiled core when it was built
+    (else the Python one, and why); DPRO_ENGINE=python|compiled|both forces one.
     """
     from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
 
-    res = open_job(path, rank_pattern=rank_pattern, align=not no_align).replay(expand_collectives=not no_expand)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,
+                   progress=False if as_json else None)
+    res = job.replay(expand_collectives=not no_expand)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
     if as_json:
@@ -124,6 +135,9 @@ def replay(
         elif m.static_bytes:
             click.echo(f"  {w}: parameters + gradients {m.static_bytes / 2**20:.1f} MiB (allocations not recorded: "
                        "no peak memory estimate)")
+    from dpro.replayer.engine import engine_line
+
+    click.echo(f"  {engine_line()}")
 
 
 @cli.command()
@@ -334,9 +348,10 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     from dpro.optimizer.output import summary_text, write_strategy_dir
     from dpro.progress import progress_pulse
 
-    job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
-    small = open_trace(micro_trace, rank_pattern) if micro_trace is not None else None
-    with progress_pulse("optimizing") as tick:
+    quiet = False if as_json else None  # --json: no progress bars
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, progress=quiet)
+    small = open_trace(micro_trace, rank_pattern, progress=quiet) if micro_trace is not None else None
+    with progress_pulse("optimizing", enabled=quiet) as tick:
         res = job.optimize(passes=passes, budget_s=budget, memory_budget=mem_bytes, memory_passes=mem_passes,
                            micro_trace=small, tick=tick)
     if output is not None:
@@ -368,7 +383,8 @@ def align_cmd(
     from dpro.alignment import AlignOptions, apply_offsets
     from dpro.job import open_job
 
-    job = open_job(path, rank_pattern=rank_pattern, align=AlignOptions(reference=reference, force=one_host))
+    job = open_job(path, rank_pattern=rank_pattern, align=AlignOptions(reference=reference, force=one_host),
+                   progress=False if as_json else None)
     res = job.alignment
     if output is not None:
         from dpro.gtrace.io import write_gtrace

@@ -45,6 +45,8 @@ class Job:
     alignment: AlignResult | None = None
     #: where it was opened from
     path: Path | None = None
+    #: progress bars on stderr for the long stages (None: when stderr is a terminal)
+    progress: bool | None = field(default=None, repr=False)
     _replays: dict[tuple[bool, bool], ReplayResult] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -59,9 +61,15 @@ class Job:
         """Every node's op statistics over :attr:`steps`: ``{node: {op: OpStats}}`` (own
         time, host gap, offset in the step, the samples)."""
         from dpro.graph.stats import node_stats
+        from dpro.progress import progress_bar
 
         steps = self.steps or self.trace.manifest.steps or None
-        return {name: node_stats(nt, steps) for name, nt in self.trace.nodes.items()}
+        out = {}
+        with progress_bar(len(self.trace.nodes), "op statistics", enabled=self.progress) as tick:
+            for name, nt in self.trace.nodes.items():
+                out[name] = node_stats(nt, steps)
+                tick(name)
+        return out
 
     @cached_property
     def profiling_overhead(self) -> Overhead | None:
@@ -108,30 +116,38 @@ class Job:
                         memory_budget=memory_budget, memory_passes=memory_passes, micro_trace=small, **kw)
 
 
-def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True) -> Job:
+def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True,
+             cache: bool | None = None, progress: bool | None = None) -> Job:
     """Open the job traced in ``path`` (a gTrace directory, torch.profiler traces, one file
     per rank): load and validate it, and with ``align`` (True or the
     :class:`~dpro.alignment.AlignOptions` to use) put every node on one clock.
 
     ``rank_pattern``: regex whose first group is the rank in a trace file name (for traces
-    without ``distributedInfo``). Bad input raises :class:`dpro.errors.DproInputError`.
+    without ``distributedInfo``). ``cache``: use the trace cache for an import
+    (:mod:`dpro.gtrace.cache`; default: on unless ``DPRO_NO_CACHE``). ``progress``: bars
+    on stderr for the import, the alignment and the op statistics (default: when stderr
+    is a terminal; False for ``--json``). Bad input raises :class:`dpro.errors.DproInputError`.
     """
     from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
     from dpro.loader import open_trace
 
-    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN)
-    return prepare(gt, align=align, path=Path(path))
+    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN, cache=cache, progress=progress)
+    return prepare(gt, align=align, path=Path(path), progress=progress)
 
 
-def prepare(gt: GTrace, *, align: bool | AlignOptions = True, path: Path | None = None) -> Job:
+def prepare(gt: GTrace, *, align: bool | AlignOptions = True, path: Path | None = None,
+            progress: bool | None = None) -> Job:
     """A :class:`Job` of a trace already in memory (see :func:`open_job`)."""
     if align is False:
-        return Job(profiled=gt, trace=gt, path=path)
+        return Job(profiled=gt, trace=gt, path=path, progress=progress)
     from dpro.alignment import on_one_clock
     from dpro.errors import DproInputError
+    from dpro.progress import progress_pulse
 
     try:
-        trace, alignment = on_one_clock(gt, None if align is True else align)
+        with progress_pulse("aligning clocks", enabled=progress) as tick:
+            tick(f"{len(gt.nodes)} nodes")
+            trace, alignment = on_one_clock(gt, None if align is True else align)
     except ValueError as e:  # e.g. an unknown reference node
         raise DproInputError(path or gt.source or "trace", str(e)) from None
-    return Job(profiled=gt, trace=trace, alignment=alignment, path=path)
+    return Job(profiled=gt, trace=trace, alignment=alignment, path=path, progress=progress)

@@ -10,13 +10,17 @@ from dpro.gtrace.schema import GTrace
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
 
 
-def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GTrace:
+def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, cache: bool | None = None,
+               progress: bool | None = None) -> GTrace:
     """Load ``path`` as gTrace if it has a manifest, else import it as Kineto traces.
 
-    Either way the result has passed the gTrace checks (dpro.gtrace.validate).
+    Either way the result has passed the gTrace checks (dpro.gtrace.validate). An import
+    is kept in the trace cache (:mod:`dpro.gtrace.cache`) and taken from it next time
+    while the files are unchanged; ``cache`` False skips it (default: on unless
+    ``DPRO_NO_CACHE`` is set). ``progress``: a bar per rank imported, on stderr (default:
+    when it is a terminal).
     """
-    from dpro.gtrace.validate import validate
-    from dpro.importers.kineto import import_kineto, is_kineto_path
+    from dpro.importers.kineto import is_kineto_path
 
     p = Path(path)
     if not p.exists():
@@ -28,7 +32,28 @@ def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN) -> GT
     except OSError as e:
         raise DproInputError(p, f"cannot read: {e.strerror or e}") from None
     if kineto:
-        gt = import_kineto(p, rank_pattern)
-        validate(gt)
-        return gt
+        return _import_cached(p, rank_pattern, cache, progress)
     raise DproInputError(p, "neither a gTrace directory (manifest.json) nor torch.profiler traces (*.json[.gz])")
+
+
+def _import_cached(p: Path, rank_pattern: str, cache: bool | None, progress: bool | None) -> GTrace:
+    """``import_kineto`` + validate, through the trace cache."""
+    from dpro.gtrace.cache import TraceCache, default_dir, enabled_by_default
+    from dpro.gtrace.validate import validate
+    from dpro.importers.kineto import import_kineto
+    from dpro.importers.kineto.read import trace_files
+
+    store = TraceCache(default_dir()) if (enabled_by_default() if cache is None else cache) else None
+    key = None
+    if store is not None and store.usable_for(p):
+        try:
+            key = store.key(trace_files(p), {"importer": "kineto", "rank_pattern": rank_pattern})
+        except OSError:
+            key = None  # unreadable: the import says why
+        if key is not None and (gt := store.load(key)) is not None:
+            return gt
+    gt = import_kineto(p, rank_pattern, progress=progress)
+    validate(gt)
+    if key is not None:
+        store.store(key, gt)
+    return gt

@@ -11,6 +11,11 @@
   exception catching) and returns (exit code, stdout, stderr).
 * ``snapshot``: name -> (mode, bytes) of everything under a directory, to check that a
   failed command left its input alone.
+
+Where the compiled replay core is built, every replay in the tests (golden cases, CLI runs,
+subprocesses) runs both engines and checks they agree bit for bit (``DPRO_ENGINE=both``,
+unless the caller set ``DPRO_ENGINE``). The trace cache is off (``DPRO_NO_CACHE=1``)
+except in tests/test_trace_cache.py.
 """
 
 from __future__ import annotations
@@ -36,6 +41,15 @@ def find_probe() -> Path | None:
         if all(any((d / f"rank{r}{s}").is_file() for s in (".json", ".json.gz")) for r in (0, 1)):
             return d
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from dpro.replayer.engine import compiled_available
+
+    if compiled_available():
+        os.environ.setdefault("DPRO_ENGINE", "both")
+    # the trace cache stays off (nothing written to ~/.cache); tests/test_trace_cache.py turns it on
+    os.environ.setdefault("DPRO_NO_CACHE", "1")
 
 
 PROBE = find_probe()

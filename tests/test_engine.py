@@ -3,6 +3,8 @@
 Hand-computed schedules on small graphs, then properties of random DAGs (hypothesis), and
 an exact comparison with a frozen copy of the straightforward reference implementation
 (the engine is optimised; its results must not change by a single bit, ties included).
+The exactness tests run each engine: the Python one and the compiled core (skipped, with
+the reason, where the core was not built: a machine without a C compiler).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from dpro.errors import DproInputError
 from dpro.graph.compiled import compile_graph
 from dpro.graph.builder import GraphBuilder
 from dpro.replayer.critical_path import critical_path, critical_path_indices
+from dpro.replayer import engine
 from dpro.replayer.engine import Schedule, simulate
+
+needs_core = pytest.mark.skipif(not engine.compiled_available(), reason=f"compiled replay core {engine._core()}")
+#: every engine, run directly (whatever DPRO_ENGINE says)
+IMPLS = [
+    pytest.param(engine.simulate_python, id="python"),
+    pytest.param(engine.simulate_compiled, id="compiled", marks=needs_core),
+]
 
 
 def mk(dur, dev, edges=(), prio=None, gap=None):
@@ -211,11 +221,12 @@ def test_duplicate_edges_are_merged():
     check(simulate(g), [0, 1], [1, 2], [-1, 0])
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("edges", [[(0, 1), (1, 0)], [(0, 0)], [(0, 1), (1, 2), (2, 1)]])
-def test_cycle_raises(edges):
+def test_cycle_raises(edges, impl):
     g = mk([1.0, 1.0, 1.0], [0, 1, 0], edges)
     with pytest.raises(DproInputError, match="cycle"):
-        simulate(g)
+        impl(g)
 
 
 def test_graph_builder_gap_is_charged():
@@ -432,15 +443,17 @@ def same(a: Schedule, b: Schedule) -> bool:
     )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags(max_n=40))
-def test_matches_reference_exactly(case):
+def test_matches_reference_exactly(impl, case):
     g, release, _ = case
-    assert same(simulate(g, release), reference_simulate(g, release))
+    assert same(impl(g, release), reference_simulate(g, release))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("seed", range(4))
-def test_matches_reference_on_larger_random_graphs(seed):
+def test_matches_reference_on_larger_random_graphs(impl, seed):
     rng = np.random.default_rng(seed)
     n, ndev = 3000, 12
     order = rng.permutation(n)
@@ -453,7 +466,106 @@ def test_matches_reference_on_larger_random_graphs(seed):
     dur = rng.integers(0, 5, n) * (rng.random(n) < 0.8) + rng.random(n) * (seed % 2)
     g = mk(dur, rng.integers(0, ndev, n).tolist(), edges, prio=rng.integers(0, 4, n))
     release = None if seed < 2 else rng.integers(0, 30, n).astype(float)
-    assert same(simulate(g, release), reference_simulate(g, release))
+    assert same(impl(g, release), reference_simulate(g, release))
+
+
+def random_graph(seed: int):
+    """A random DAG whose floats are not exact sums: (graph, release or None).
+
+    Ties on purpose (integer durations and prios on some seeds, zero durations, duplicate
+    ready times), release times on half the seeds (some negative, some huge), and many
+    devices or one, long chains or wide fans."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 1500))
+    ndev = int(rng.integers(1, 40))
+    order = rng.permutation(n)
+    m = int(rng.integers(0, 4 * n + 1))
+    a, b = rng.integers(0, n, m), rng.integers(0, n, m)
+    keep = a != b
+    if seed % 3 == 0:
+        keep &= np.abs(a - b) < 20  # local edges: long chains, deep queues
+    lo, hi = np.minimum(a[keep], b[keep]), np.maximum(a[keep], b[keep])
+    edges = list(zip(order[lo].tolist(), order[hi].tolist()))
+    if seed % 2:
+        dur = rng.integers(0, 4, n).astype(float)
+        prio = rng.integers(0, 3, n).astype(float)
+    else:
+        dur = rng.exponential(7.3, n) * (rng.random(n) < 0.85)
+        prio = rng.normal(0.0, 1e3, n)
+    g = mk(dur, rng.integers(0, ndev, n).tolist(), edges, prio=prio)
+    release = None
+    if seed % 4 >= 2:
+        release = np.where(rng.random(n) < 0.5, 0.0, rng.normal(5.0, 10.0, n))
+        release[rng.random(n) < 0.01] = 1e300
+    return g, release
+
+
+@needs_core
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_core_is_bit_identical_on_random_graphs(seed):
+    g, release = random_graph(seed)
+    want = reference_simulate(g, release)
+    for got in (engine.simulate_compiled(g, release), engine.simulate_python(g, release)):
+        assert same(got, want)
+        # bit for bit, signs of zeros included
+        assert got.start.view(np.int64).tolist() == want.start.view(np.int64).tolist()
+        assert got.end.view(np.int64).tolist() == want.end.view(np.int64).tolist()
+
+
+@needs_core
+def test_both_engines_switch_reports_a_difference(monkeypatch):
+    g, _ = random_graph(4)
+    monkeypatch.setenv("DPRO_ENGINE", "both")
+    s = simulate(g)
+    assert same(s, reference_simulate(g))
+    real = engine.simulate_python
+
+    def off_by_one_ulp(g, release=None):
+        out = real(g, release)
+        out.end[-1] = np.nextafter(out.end[-1], np.inf)
+        return out
+
+    monkeypatch.setattr(engine, "simulate_python", off_by_one_ulp)
+    with pytest.raises(engine.EngineMismatch, match="differ on the end of 1 of"):
+        simulate(g)
+
+
+def test_engine_switch(monkeypatch):
+    g, release = random_graph(2)
+    want = reference_simulate(g, release)
+    monkeypatch.setenv("DPRO_ENGINE", "python")
+    assert engine.engine_choice() == "python" and same(simulate(g, release), want)
+    monkeypatch.setenv("DPRO_ENGINE", "fastest")
+    with pytest.raises(DproInputError, match="DPRO_ENGINE='fastest': expected one of auto, compiled, python, both"):
+        simulate(g, release)
+    # without the core: the Python engine, and the line says why; forcing the core is an error
+    monkeypatch.setattr(engine, "_core", lambda: "not built (No module named 'dpro.replayer._core')")
+    monkeypatch.delenv("DPRO_ENGINE")
+    assert engine.engine_choice() == "python" and same(simulate(g, release), want)
+    assert "python (the compiled core is not built (No module named" in engine.engine_line()
+    monkeypatch.setenv("DPRO_ENGINE", "compiled")
+    with pytest.raises(DproInputError, match="DPRO_ENGINE=compiled: the compiled replay core is not built"):
+        simulate(g, release)
+
+
+@needs_core
+def test_compiled_core_rejects_bad_arrays():
+    core = engine._core()
+    f, i = np.zeros(2), np.zeros(2, dtype=np.int64)
+    ptr = np.array([0, 1, 1], dtype=np.int64)
+    out = (np.empty(2, dtype=np.int64), np.empty(2), np.empty(2))
+    assert core.simulate(1, f, i, f, ptr, np.array([1]), f, *out) == 2
+    assert core.simulate(1, f, i, f, ptr, np.array([1]), None, *out) == 2
+    with pytest.raises(ValueError, match="release has 8 bytes, expected 16"):
+        core.simulate(1, f, i, f, ptr, np.array([1]), f[:1].copy(), *out)
+    with pytest.raises(ValueError, match="successor index out of range"):
+        core.simulate(1, f, i, f, ptr, np.array([2]), f, *out)
+    with pytest.raises(ValueError, match="device index out of range"):
+        core.simulate(1, f, np.array([0, 1]), f, ptr, np.array([1]), f, *out)
+    with pytest.raises(ValueError, match="ptr has 16 bytes, expected 24"):
+        core.simulate(1, f, i, f, ptr[:2], np.array([1]), f, *out)
+    with pytest.raises(TypeError):
+        core.simulate(1, f, i, f, ptr, np.array([1]), f, out[0], out[1], f[:1].copy().tobytes())
 
 
 def _bench():
@@ -464,31 +576,34 @@ def _bench():
     return mod
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("workers,buckets", [(4, 0), (5, 6)])
-def test_matches_reference_on_ring_allreduce_graphs(workers, buckets):
+def test_matches_reference_on_ring_allreduce_graphs(impl, workers, buckets):
     g, _ = _bench().build(workers, buckets)
-    s = simulate(g)
+    s = impl(g)
     assert same(s, reference_simulate(g))
     # the benchmark graph itself is sane: links FIFO, ring steps in order
     path = critical_path_indices(s)
     assert s.end[path[-1]] == s.makespan and s.start[path[0]] == 0.0
 
 
-def _same_or_same_error(g, release=None):
+def _same_or_same_error(g, release=None, impl=simulate):
     try:
         want = reference_simulate(g, release)
-    except DproInputError:
-        with pytest.raises(DproInputError):
-            simulate(g, release)
+    except Exception as e:  # a cycle; an IndexError for some infinite times
+        with pytest.raises(type(e)):
+            impl(g, release)
         return
-    got = simulate(g, release)
+    got = impl(g, release)
     for a, b in ((got.start, want.start), (got.end, want.end)):
         assert np.array_equal(a, b, equal_nan=True)
     assert got.binder.tolist() == want.binder.tolist()
 
 
-@pytest.mark.parametrize("case", ["nan_dur", "inf_dur", "nan_prio", "inf_release", "nan_release", "neg_release"])
-def test_odd_inputs_behave_like_the_reference(case):
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", ["nan_dur", "inf_dur", "neg_inf_dur", "nan_prio", "inf_release", "inf_release_first",
+                                  "nan_release", "neg_release"])
+def test_odd_inputs_behave_like_the_reference(case, impl):
     dur = np.array([1.0, 2.0, 0.0, 3.0, 1.0])
     prio = np.array([0.0, 1.0, 0.0, 2.0, 0.0])
     release = None
@@ -496,13 +611,41 @@ def test_odd_inputs_behave_like_the_reference(case):
         dur[1] = np.nan
     elif case == "inf_dur":
         dur[1] = np.inf
+    elif case == "neg_inf_dur":  # inf - inf: NaN out of finite input
+        dur[1] = np.inf
+        dur[2] = -np.inf
     elif case == "nan_prio":
         prio[2] = np.nan
     elif case == "inf_release":
         release = np.array([0.0, 0.0, np.inf, 0.0, np.inf])
+    elif case == "inf_release_first":  # the reference fails (ops never run): so must the others
+        release = np.array([np.inf, 0.0, 0.0, 0.0, 0.0])
     elif case == "nan_release":
         release = np.array([0.0, np.nan, 0.0, 0.0, 0.0])
     else:
         release = np.array([-3.0, -1.0, 0.0, -2.0, 5.0])
     g = mk(dur, [0, 1, 0, 1, 0], [(0, 1), (1, 2), (0, 3), (3, 4), (2, 4)], prio=prio)
-    _same_or_same_error(g, release)
+    _same_or_same_error(g, release, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("seed", [2, 3, 7])
+def test_infinite_release_times_like_the_reference(seed, impl):
+    # the reference itself fails on some (an IndexError: a device comes up with an empty
+    # queue); the compiled core must not crash there, but fail or agree the same way
+    g, release = random_graph(seed)
+    release[np.random.default_rng(seed).random(g.n) < 0.01] = np.inf
+    _same_or_same_error(g, release, impl)
+
+
+def test_replay_says_which_engine(run_cli, kineto_dir, monkeypatch):
+    monkeypatch.setenv("DPRO_ENGINE", "python")
+    code, out, _ = run_cli("replay", kineto_dir)
+    assert code == 0 and out.splitlines()[-1] == "  replay engine: python (DPRO_ENGINE=python)"
+    monkeypatch.delenv("DPRO_ENGINE")
+    code, out, _ = run_cli("replay", kineto_dir)
+    want = "compiled (C core)" if engine.compiled_available() else "python (the compiled core is not built"
+    assert code == 0 and out.splitlines()[-1].startswith(f"  replay engine: {want}")
+    monkeypatch.setenv("DPRO_ENGINE", "turbo")
+    code, out, err = run_cli("replay", kineto_dir)
+    assert code == 2 and err.strip().startswith("dpro: error: DPRO_ENGINE='turbo': expected one of")

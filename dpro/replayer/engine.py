@@ -44,11 +44,20 @@ reference).  What makes it faster, measured on benchmarks/replay_speed.py:
 When an op did not run (a cycle) or a start came out NaN (NaN times in the input), and
 for NaN prios, the reference replays the graph instead: it raises, or returns what it
 always returned for such input.
+
+Engines.  :func:`simulate` runs the compiled core (``dpro/replayer/_core.c``, the reference
+translated line by line into C: same comparisons, same additions, so bit-identical) when it
+was built, else the Python engine above (:func:`simulate_python`).  ``DPRO_ENGINE``
+chooses: ``compiled`` (an error if the core is not built), ``python``, ``both`` (run both
+and raise :class:`EngineMismatch` unless they agree bit for bit; the test suite runs so) or
+``auto`` (the default).  NaN input, cycles and NaN results go to the reference, as above.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import os
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -73,8 +82,108 @@ class Schedule:
         return float(self.end.max()) if len(self.end) else 0.0
 
 
+ENGINES = ("auto", "compiled", "python", "both")
+
+
+class EngineMismatch(AssertionError):
+    """``DPRO_ENGINE=both``: the compiled and the Python engine disagree (a bug)."""
+
+
+@functools.cache
+def _core():
+    """The compiled core module, or the reason it cannot be loaded (a string)."""
+    try:
+        from dpro.replayer import _core as core
+    except ImportError as e:
+        return f"not built ({e})"
+    return core
+
+
+def compiled_available() -> bool:
+    """Whether the compiled replay core was built and loads."""
+    return not isinstance(_core(), str)
+
+
+def engine_choice() -> str:
+    """The engine :func:`simulate` uses now: ``compiled``, ``python`` or ``both``."""
+    want = os.environ.get("DPRO_ENGINE", "auto").strip().lower() or "auto"
+    if want not in ENGINES:
+        raise DproInputError(None, f"DPRO_ENGINE={want!r}: expected one of {', '.join(ENGINES)}")
+    if want == "auto":
+        return "compiled" if compiled_available() else "python"
+    if want in ("compiled", "both") and not compiled_available():
+        raise DproInputError(None, f"DPRO_ENGINE={want}: the compiled replay core is {_core()}; "
+                             "reinstall dpro with a C compiler (pip install -e .) or use DPRO_ENGINE=python")
+    return want
+
+
+def engine_line() -> str:
+    """One line saying which replay engine runs, and why not the compiled one."""
+    choice = engine_choice()
+    if choice == "compiled":
+        return "replay engine: compiled (C core)"
+    if choice == "both":
+        return "replay engine: compiled and python, compared bit for bit (DPRO_ENGINE=both)"
+    if compiled_available():
+        return "replay engine: python (DPRO_ENGINE=python)"
+    return (f"replay engine: python (the compiled core is {_core()}; "
+            "reinstall dpro with a C compiler for a ~10x faster replay)")
+
+
 def simulate(g: CompiledGraph, release: np.ndarray | None = None) -> Schedule:
-    """Replay ``g``; ``release`` optionally gives an earliest start per op (partial replay)."""
+    """Replay ``g``; ``release`` optionally gives an earliest start per op (partial replay).
+
+    Runs the engine :func:`engine_choice` names; every engine gives the same schedule, bit
+    for bit."""
+    choice = engine_choice()
+    if choice == "python":
+        return simulate_python(g, release)
+    s = simulate_compiled(g, release)
+    if choice == "both":
+        p = simulate_python(g, release)
+        for what in ("start", "end", "binder"):
+            a, b = getattr(s, what), getattr(p, what)
+            if a.dtype != b.dtype or a.shape != b.shape:
+                raise EngineMismatch(f"{what}: compiled {a.dtype}{a.shape}, python {b.dtype}{b.shape}")
+            # bit for bit: compare the raw 64-bit patterns (NaN == NaN, 0.0 != -0.0)
+            bad = np.flatnonzero(a.view(np.int64) != b.view(np.int64))
+            if len(bad):
+                i = int(bad[0])
+                raise EngineMismatch(f"compiled and python engines differ on the {what} of {len(bad)} of {g.n} ops "
+                                     f"(first: op {i} {g.names[i]!r}, {a[i]!r} vs {b[i]!r})")
+    return s
+
+
+def simulate_compiled(g: CompiledGraph, release: np.ndarray | None = None) -> Schedule:
+    """:func:`simulate` on the compiled core (which must be built); NaN input goes to the reference."""
+    core = _core()
+    if isinstance(core, str):
+        raise RuntimeError(f"the compiled replay core is {core}")
+    n = g.n
+    rel = None if release is None else np.asarray(release, dtype=np.float64)
+    if n >= 2**31 - 1 or len(g.devices) >= 2**31 - 1:
+        return simulate_python(g, release)  # the core counts ops and devices in 32 bits
+    if n == 0 or np.isnan(g.prio).any() or np.isnan(g.dur).any() or (rel is not None and np.isnan(rel).any()):
+        return _simulate_reference(g, release)
+    f8, i8 = np.float64, np.int64
+    dur = np.ascontiguousarray(g.dur, dtype=f8)
+    binder = np.empty(n, dtype=i8)
+    start = np.empty(n)
+    end = np.empty(n)
+    ran = core.simulate(
+        len(g.devices), dur, np.ascontiguousarray(g.device, dtype=i8), np.ascontiguousarray(g.prio, dtype=f8),
+        np.ascontiguousarray(g.succ_ptr, dtype=i8), np.ascontiguousarray(g.succ_idx, dtype=i8),
+        None if rel is None else np.ascontiguousarray(rel), binder, start, end,
+    )
+    if ran != n or np.isnan(start).any() or np.isnan(end).any():
+        # a cycle, NaN out of inf - inf, or infinite times that stall the loop (ran -2):
+        # the reference decides and words the error
+        return _simulate_reference(g, release)
+    return Schedule(start, end, binder)
+
+
+def simulate_python(g: CompiledGraph, release: np.ndarray | None = None) -> Schedule:
+    """:func:`simulate` in Python (the fallback when the compiled core is not built)."""
     n = g.n
     if n == 0 or np.isnan(g.prio).any():
         return _simulate_reference(g, release)

@@ -1,0 +1,103 @@
+"""The trace cache: `dpro replay` of a directory, first (import, cache empty) and second (from the cache).
+
+For each trace set, ``--repeat`` rounds of: empty the cache, run ``dpro replay PATH --json``
+(the first replay: imports and stores), run it again (the second: loads from the cache).
+Each run is a fresh process (what a user waits for, Python start-up included); times are
+medians of wall seconds, and the ratio first/second is computed from the medians of the
+same run. Also, in this process: the import alone (``open_trace(cache=False)``) against
+the load from the cache (``open_trace``), medians of ``--repeat``. The two replays' JSON
+must be identical (less the solver's wall time).
+
+    python benchmarks/cache.py                      # the multi-rank corpus sets
+    python benchmarks/cache.py DIR [DIR ...] --repeat 5 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "traces" / "corpus"
+DEFAULT = [CORPUS / "param_dlrm_8rank", CORPUS / "tl_mi300_ddp_resnet18", REPO / "examples" / "traces" / "ddp_gloo_2rank_mlp"]
+
+
+def _replay(path: Path, env: dict) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "dpro.cli", "replay", str(path), "--json"], env=env,
+                         capture_output=True, check=True).stdout
+    dt = time.perf_counter() - t0
+    res = json.loads(out)
+    res.get("clock_alignment", {}).pop("time_s", None)  # the solver's wall time
+    return dt, res
+
+
+def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
+    from dpro.gtrace.cache import TraceCache
+    from dpro.loader import open_trace
+
+    env = dict(os.environ, DPRO_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
+    env.pop("DPRO_NO_CACHE", None)
+    first, second = [], []
+    for _ in range(repeat):
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        t1, r1 = _replay(path, env)
+        t2, r2 = _replay(path, env)
+        if r1 != r2:
+            raise SystemExit(f"{path}: the second replay differs from the first")
+        first.append(t1)
+        second.append(t2)
+    # in-process: the import alone vs the load from the cache
+    os.environ["DPRO_CACHE_DIR"] = str(cache_dir)
+    imp, load = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        open_trace(path, cache=False)
+        imp.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        open_trace(path, cache=True)
+        load.append(time.perf_counter() - t0)
+    size = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path]) if f.is_file())
+    entry = sum(f.stat().st_size for d in TraceCache(cache_dir).root.glob("*/*") for f in d.iterdir())
+    f, s = statistics.median(first), statistics.median(second)
+    i, lo = statistics.median(imp), statistics.median(load)
+    return {"path": str(path), "input_bytes": size, "cache_entry_bytes": entry,
+            "first_replay_s": round(f, 3), "second_replay_s": round(s, 3), "ratio": round(f / s, 2),
+            "first_runs_s": [round(x, 3) for x in first], "second_runs_s": [round(x, 3) for x in second],
+            "import_s": round(i, 3), "cached_load_s": round(lo, 3), "import_ratio": round(i / lo, 2)}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="*", type=Path, default=DEFAULT)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print one JSON list instead of text")
+    a = ap.parse_args(argv)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="dpro-cache-bench-") as tmp:
+        for p in a.paths:
+            if not p.exists():
+                print(f"skipped (not here): {p}", file=sys.stderr)
+                continue
+            r = bench(p, a.repeat, Path(tmp) / "cache")
+            out.append(r)
+            if not a.json:
+                print(f"{Path(r['path']).name}: {r['input_bytes'] / 1e6:.1f} MB in, cache entry "
+                      f"{r['cache_entry_bytes'] / 1e6:.1f} MB; dpro replay first {r['first_replay_s']:.2f} s, "
+                      f"second {r['second_replay_s']:.2f} s -> {r['ratio']}x (medians of {a.repeat}); "
+                      f"import {r['import_s']:.2f} s vs cached load {r['cached_load_s']:.2f} s -> {r['import_ratio']}x")
+    if a.json:
+        print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
