@@ -39,6 +39,16 @@ STRUCTURE_DROPS = {
     "tl_mi300_resnet_act_ckpt": "keeps step 15 (16.80 ms), drops steps 16 and 17 (15.95, 15.89 ms)",
 }
 
+#: sets whose prediction is not yet within 5 % of the measured (median CPU) step
+PREDICTION_OFF = {
+    "tl_mi300_resnet_act_ckpt": "the GPU falls further behind the CPU every step (its kernels start 30, 32, 35 ms "
+                                "after their step's CPU start, CPU steps 16-17 ms): no steady state within the "
+                                "capture; the GPU-bound period (about 18.8 ms) is not the measured CPU step either",
+    "param_dlrm_8rank": "one step per rank: the collectives' measured times include the wait for the slowest rank",
+    **{n: f"the median CPU step is not the replayed steps': {why}" for n, why in STRUCTURE_DROPS.items()
+       if n != "tl_mi300_resnet_act_ckpt"},
+}
+
 #: sets that cannot replay, with the specific message they get instead
 NOT_REPLAYABLE = {
     "hta_cpu_only": "its one ProfilerStep holds only gloo collectives without issuing ops; its 4 cpu_ops come after it",
@@ -115,6 +125,24 @@ def test_corpus_measured_is_median_cpu_step(name):
     assert code == 0, err
     measured = orjson.loads(out)["measured_iteration_us"]
     assert measured == pytest.approx(median, rel=0.02)
+
+
+@pytest.mark.skipif(not SETS, reason=f"trace corpus not found at {CORPUS}")
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=PREDICTION_OFF[n])) if n in PREDICTION_OFF else n
+    for n in SETS
+] or ["none"])
+def test_corpus_prediction_within_5pct(name):
+    """Steady state (#26 item 3): the replay predicts the step period, so GPU work that
+    runs behind the CPU is not counted as step time."""
+    median = cpu_step_median(CORPUS / name)
+    if median is None:
+        pytest.skip("no CPU-side ProfilerStep spans")
+    if name in NOT_REPLAYABLE:
+        pytest.skip(NOT_REPLAYABLE[name])
+    code, out, err = corpus_replay(name)
+    assert code == 0, err
+    assert orjson.loads(out)["predicted_iteration_us"] == pytest.approx(median, rel=0.05)
 
 
 @pytest.mark.skipif(not SETS, reason=f"trace corpus not found at {CORPUS}")
@@ -227,3 +255,33 @@ def test_window_from_gpu_annotation_only_says_so(tmp_path):
     (nt,) = gt.nodes.values()
     assert nt.steps[1] == (0.0, 900.0)
     assert any("steps taken from the GPU timeline" in n for n in gt.notes)
+
+
+def lagging_steps(n: int) -> list[dict]:
+    """n CPU steps of 1000 us; each launches at +880 us a 400 us kernel that runs at +1100 us,
+    in the next step's window: the GPU runs behind the CPU."""
+    evs = []
+    for k in range(1, n + 1):
+        t0 = 1000 * (k - 1)
+        evs += [X(f"ProfilerStep#{k}", "user_annotation", t0, 1000), X("aten::mul", "cpu_op", t0 + 10, 900),
+                launch(t0 + 880, k), kernel("mul_kernel", t0 + 1100, 400, correlation=k)]
+    return evs
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_gpu_lag_is_not_step_time(tmp_path, n):
+    """Steady state: the kernel that runs after its step's CPU end is carried into the next
+    step (the previous step's instance; a step without one uses its own, a step earlier),
+    so the prediction is the 1000 us period, not one step's 1500 us makespan."""
+    from dpro.importers.kineto import import_kineto
+
+    d = write(tmp_path, lagging_steps(n))
+    r = replay_json(d)
+    assert r["measured_iteration_us"] == 1000
+    assert r["predicted_iteration_us"] == pytest.approx(1000)
+    assert any("carried into the next step" in note for note in r["notes"])
+    (nt,) = import_kineto(d).nodes.values()
+    (k,) = [o.id for o in nt.ops.values() if o.name == "mul_kernel"]
+    assert not any(b == k and a.startswith("aten::mul") for a, b in nt.edges)  # its launch was a step earlier
+    ev = {e.step: e.ts for e in nt.events if e.op == k}
+    assert ev[1] == 100 and all(ev[s] == 1000 * (s - 2) + 1100 for s in range(2, n + 1))

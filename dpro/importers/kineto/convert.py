@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import statistics
 import logging
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from dpro.errors import DproInputError
@@ -226,6 +228,82 @@ def _empty_reason(rf: RankFile, steps: dict[int, tuple[float, float]]) -> str:
     return msg
 
 
+def _tail_length(ss: list[Seg], t1: float) -> int:
+    """How many of a GPU queue's last ops start at or after the CPU step end ``t1``."""
+    n = 0
+    while n < len(ss) and ss[-1 - n].ts >= t1:
+        n += 1
+    return n
+
+
+def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, float]], fname: str,
+                    notes: list[str]) -> None:
+    """Steady state: a GPU queue's work that runs after its step's CPU end is carried into the next step.
+
+    Where the GPU runs behind the CPU, the kernels launched at the end of step k run while
+    the CPU is already in step k+1. Replaying step k's ops alone then counts that lag as
+    step time (the prediction becomes one step's makespan, not the step period), and the
+    first kernel of step k+1, which waited for them, shows the wait as host gap. So the
+    ops at the end of each GPU queue that start after the CPU step end (the median number
+    of them over the kept steps, so the same ops in every step) move to the head of that
+    queue, and step k+1 is replayed with step k's instances of them: the backlog the GPU
+    really ran in step k+1's window. They keep no edge from the step's CPU ops (their
+    launch was in the previous step); the queue's order joins them to the step's own GPU
+    ops. Where step k is not in the trace (or ends its queues with other ops), step k+1's
+    own instances stand in for them, moved back by its CPU step time (the steady-state
+    assumption), with a note. ``built`` is rewritten in place.
+    """
+    lengths: dict[str, list[int]] = defaultdict(list)
+    for st in kept:
+        t1 = steps[st][1]
+        for dev, ss in built[st][0].items():
+            if dev.startswith("gpu"):
+                lengths[dev].append(_tail_length(ss, t1))
+    tail = {dev: n for dev, v in lengths.items() if (n := int(statistics.median_low(v))) > 0}
+    if not tail:
+        return
+
+    def has_prev(st: int) -> bool:
+        """Step st-1 is in the trace and ends its GPU queues with the same ops (it may
+        differ elsewhere, e.g. the first profiled step)."""
+        if st - 1 not in built:
+            return False
+        prev, own = built[st - 1][0], built[st][0]
+        return all(len(prev.get(d, [])) >= n and [s.name for s in prev[d][-n:]] == [s.name for s in own[d][-n:]]
+                   for d, n in tail.items())
+
+    new: dict[int, tuple] = {}
+    shifted = []
+    for st in kept:
+        by_dev, edges, consumers = built[st]
+        if has_prev(st):
+            pby_dev, pedges = built[st - 1][0], built[st - 1][1]
+        else:  # this step's own tail, one CPU step earlier
+            shift = steps[st][1] - steps[st][0]
+            copy = {id(x): replace(x, ts=x.ts - shift, end=x.end - shift)
+                    for dev, n in tail.items() for x in by_dev[dev][-n:]}
+            pby_dev = {dev: [copy[id(x)] for x in by_dev[dev][-n:]] for dev, n in tail.items()}
+            pedges = [(copy[id(x)], copy[id(y)]) for x, y in edges if id(x) in copy and id(y) in copy]
+            shifted.append(st)
+        moved = {id(x) for dev, n in tail.items() for x in by_dev[dev][-n:]}
+        carried = {id(x) for dev, n in tail.items() for x in pby_dev[dev][-n:]}
+        nb = dict(by_dev)
+        chain = []
+        for dev, n in tail.items():
+            own = by_dev[dev][:-n]
+            nb[dev] = pby_dev[dev][-n:] + own
+            if own:
+                chain.append((nb[dev][n - 1], own[0]))
+        ne = [(x, y) for x, y in edges if id(x) not in moved and id(y) not in moved]
+        ne += [(x, y) for x, y in pedges if id(x) in carried and id(y) in carried]
+        new[st] = (nb, ne + chain, consumers)
+    built.update(new)
+    notes.append(f"{fname}: the GPU runs behind the CPU: the last {sum(tail.values())} GPU ops of each step start after "
+                 f"the step's CPU end and are carried into the next step (steady state)"
+                 + (f"; for steps {shifted}, whose previous step is not in the trace (or ends differently), their "
+                    f"own, one CPU step earlier" if shifted else ""))
+
+
 def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
     return tuple(sorted((d, tuple(s.name for s in ss)) for d, ss in by_dev.items()))
 
@@ -256,6 +334,7 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     dropped = sorted(set(built) - set(kept))
     if dropped:
         notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {kept}; replaying {kept}")
+    carry_gpu_tails(built, kept, steps, rf.path.name, notes)
     name = f"worker{rf.rank}"
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
     edge_set: set[tuple[str, str]] = set()
