@@ -44,7 +44,9 @@ PREDICTION_OFF = {
     "tl_mi300_resnet_act_ckpt": "the GPU falls further behind the CPU every step (its kernels start 30, 32, 35 ms "
                                 "after their step's CPU start, CPU steps 16-17 ms): no steady state within the "
                                 "capture; the GPU-bound period (about 18.8 ms) is not the measured CPU step either",
-    "param_dlrm_8rank": "one step per rank: the collectives' measured times include the wait for the slowest rank",
+    "param_dlrm_8rank": "one step per rank, the ranks' steps staggered by up to 7.5 ms: the mean CPU step (16.0 ms) "
+                        "holds the early ranks' waits for the last one; the replay starts all ranks together and "
+                        "predicts 14.6 ms (-9 %); no second step to check steady state against",
     **{n: f"the median CPU step is not the replayed steps': {why}" for n, why in STRUCTURE_DROPS.items()
        if n != "tl_mi300_resnet_act_ckpt"},
 }
@@ -285,3 +287,83 @@ def test_gpu_lag_is_not_step_time(tmp_path, n):
     assert not any(b == k and a.startswith("aten::mul") for a, b in nt.edges)  # its launch was a step earlier
     ev = {e.step: e.ts for e in nt.events if e.op == k}
     assert ev[1] == 100 and all(ev[s] == 1000 * (s - 2) + 1100 for s in range(2, n + 1))
+
+
+# --------------------------------------------------------------------------- NCCL across ranks
+
+
+def nccl_job(pre: list[int], post: list[int]) -> list[dict]:
+    """The ranks of an NCCL job on one clock, as PyTorch 2.0 records them: compute (``pre``
+    us), an all-reduce and an all-to-all whose kernels (``ncclKernel_AllReduce``,
+    ``ncclKernel_SendRecv``) carry no size, the CPU side does (``record_param_comms`` /
+    ``nccl:*`` Input Dims and type), then compute (``post`` us) whose kernel waits for the
+    all-to-all. A collective's kernel ends 300 us after its last rank's kernel started."""
+    colls = [("c10d::allreduce_", "nccl:all_reduce", "ncclKernel_AllReduce_RING_LL_Sum_float", [[262144]], "float"),
+             ("c10d::alltoall_base_", "nccl:all_to_all", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", [[4096]], "long int")]
+    issue = [[p + 20 + 500 * c for c in range(2)] for p in pre]
+    start, end, prev = [[0.0] * 2 for _ in pre], [0.0, 0.0], 0.0
+    for c in range(2):
+        for r in range(len(pre)):
+            start[r][c] = max(prev, issue[r][c] + 100)
+        end[c] = prev = max(start[r][c] for r in range(len(pre))) + 300
+    out = []
+    for r, (p, q) in enumerate(zip(pre, post)):
+        evs = [X("aten::mm", "cpu_op", 10, p - 10), launch(20, 1), kernel("gemm", 30, p - 30, correlation=1)]
+        for c, (op, ann, kern, dims, dtype) in enumerate(colls):
+            t = issue[r][c]
+            evs += [X(op, "cpu_op", t, 60, **{"Input Dims": [[]], "Input type": ["TensorList"]}),
+                    X("record_param_comms", "cpu_op", t + 5, 50, **{"Input Dims": [[], []], "Input type": ["TensorList", "Scalar"]}),
+                    X(ann, "user_annotation", t + 10, 40, **{"Input Dims": dims, "Input type": [dtype]}),
+                    launch(t + 20, c + 2), kernel(kern, start[r][c], end[c] - start[r][c], stream=20, correlation=c + 2)]
+        t = issue[r][1] + 500
+        k0 = max(end[1], t + 20)
+        evs += [X("aten::relu", "cpu_op", t, q), launch(t + 10, 9), kernel("relu", k0, q - 20, correlation=9)]
+        evs.insert(0, X("ProfilerStep#1", "user_annotation", 0, max(t + q, k0 + q - 20) + 10))
+        out.append({"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": len(pre), "backend": "nccl"}})
+    return out
+
+
+def test_nccl_sizes_kinds_from_the_cpu_side_and_ranks_joined(tmp_path):
+    """#26 items 2-3: size and kind from the CPU side; the ranks' collectives paired by
+    sequence number and expanded on links between them; the critical path crosses ranks
+    (rank 1 computes 3 ms before the all-reduce, rank 0 computes 3 ms after the all-to-all)."""
+    from dpro.importers.kineto import import_kineto
+    from dpro.replayer.replay import replay
+
+    d = tmp_path / "job"
+    d.mkdir()
+    for r, trace in enumerate(nccl_job([500, 3000], [3000, 500])):
+        (d / f"rank{r}.json").write_bytes(orjson.dumps(trace))
+    gt = import_kineto(d)
+    comm = {(n, o.sub_op): o for n, nt in gt.nodes.items() for o in nt.ops.values() if o.cat == "COMM"}
+    assert comm[("worker0", "ALLREDUCE")].bytes == 262144 * 4
+    assert comm[("worker1", "ALLTOALL")].bytes == 4096 * 8  # the kernel says SendRecv, the CPU all-to-all
+    assert comm[("worker0", "ALLTOALL")].txn == comm[("worker1", "ALLTOALL")].txn
+    res = replay(gt)
+    assert res.build.expanded == 2 and res.build.kept_coarse == 0
+    assert not any("sizes unknown" in n for n in res.notes)
+    g = res.graph
+    links = [i for i in range(g.n) if "link:" in g.devices[g.device[i]]]
+    assert any("a2a" in g.names[i] for i in links) and any("ring" in g.names[i] for i in links)
+    preds: dict[int, set[str]] = defaultdict(set)
+    for u, v in zip(*g.edges()):
+        preds[int(v)].add(g.owners[g.device_owner[g.device[u]]])
+    assert any(len(preds[i]) == 2 for i in links)  # a transfer needs both ranks
+    owners = [p.device.split("/")[0] for p in res.critical_path]
+    assert owners[0] == "worker1" and owners[-1] == "worker0"
+    # rank 1's 3000 us, the collectives, rank 0's 3000 us: as measured (rank 0's step)
+    assert res.predicted_iteration_us == pytest.approx(6910, rel=0.05)
+
+
+@pytest.mark.skipif("param_dlrm_8rank" not in SETS, reason="corpus absent")
+def test_dlrm_8rank_collectives_modelled():
+    """PARAM's DLRM, 8 ranks: 5 all-to-alls and 3 all-reduces per rank, sizes from the CPU
+    side, every one expanded on links between the ranks, alpha/beta fitted from them."""
+    code, out, err = corpus_replay("param_dlrm_8rank")
+    assert code == 0, err
+    r = orjson.loads(out)
+    assert r["collectives_expanded"] == 8 and r["collectives_measured"] == 0
+    assert not any("sizes unknown" in n for n in r["notes"])
+    assert r["link_cost"]["samples"] >= 2 and r["link_cost"]["beta_us_per_byte"] > 0
+    # the measured step is not reproduced by construction
+    assert r["predicted_iteration_us"] != pytest.approx(r["measured_iteration_us"], rel=1e-3)

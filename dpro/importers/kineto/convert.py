@@ -15,7 +15,7 @@ from dpro.importers.kineto import deps
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files, trace_files
 from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import (
-    CPU_CATS, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
+    CPU_CATS, CommInfo, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
 )
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,18 @@ def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float,
     return pairs
 
 
+def _describe_collective(k: Seg, info: CommInfo) -> None:
+    """Complete an NCCL kernel's collective from its CPU-side issue: the kind (the kernel of
+    an all-to-all or a send/recv is ``SendRecv``), and size and group where the kernel's own
+    arguments do not say them."""
+    if not k.coll_from_args:
+        k.coll = info.kind
+    if not k.nbytes and info.nbytes:
+        k.nbytes, k.numel = info.nbytes, info.numel
+    k.group = k.group or info.group
+    k.pg = k.pg or info.pg
+
+
 def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:
     """All segments of a rank with steps and categories; plus (issue, collective) pairs."""
     if rf.legacy:
@@ -126,6 +138,8 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
     launcher = {c: s for s in segs for c in s.launches}
     for k in gpu:
         src = launcher.get(k.corr) if k.corr is not None else None
+        if src is not None and k.cat == "COMM" and k.corr in src.comm_info:
+            _describe_collective(k, src.comm_info[k.corr])
         if src is not None:
             k.step = src.step
             if not k.cat:
@@ -339,7 +353,8 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
     edge_set: set[tuple[str, str]] = set()
     # Edges from every kept step, but only those that go forward in the first kept step's
-    # timeline: heuristic edges that disagree between steps can then never form a cycle.
+    # timeline (and a sync's wait for a GPU op that started inside it): heuristic edges that
+    # disagree between steps can then never form a cycle.
     order: dict[str, int] = {}
     for st in kept:
         by_dev, edges, _ = built[st]
@@ -366,7 +381,10 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
             order = {ids[id(s)]: i for i, s in enumerate(ranked)}
         for a, b in edges:
             ia, ib = ids[id(a)], ids[id(b)]
-            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib):
+            # a blocking sync starts before the GPU op it waited for: kept when that op
+            # started inside it (every path out of the sync starts after the sync ends)
+            waited = b.sync is not None and a.dev.startswith("gpu") and a.ts < b.end
+            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib) or waited:
                 edge_set.add((ia, ib))
         t0, t1 = steps[st]
         nt.steps[st] = (t0, t1 - t0)
@@ -393,6 +411,14 @@ _SUB_OP = {
     "reducescatterbase": "REDUCESCATTER",
     "alltoall": "ALLTOALL",
     "alltoallbase": "ALLTOALL",
+    "alltoallv": "ALLTOALL",
+    "allgatherintotensor": "ALLGATHER",
+    "allgatherintotensorcoalesced": "ALLGATHER",
+    "reducescattertensor": "REDUCESCATTER",
+    "reducescattertensorcoalesced": "REDUCESCATTER",
+    "reduce": "ALLREDUCE",
+    "send": "SENDRECV",
+    "recv": "SENDRECV",
     "barrier": "BARRIER",
     "sendrecv": "SENDRECV",
 }
