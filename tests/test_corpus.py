@@ -367,3 +367,53 @@ def test_dlrm_8rank_collectives_modelled():
     assert r["link_cost"]["samples"] >= 2 and r["link_cost"]["beta_us_per_byte"] > 0
     # the measured step is not reproduced by construction
     assert r["predicted_iteration_us"] != pytest.approx(r["measured_iteration_us"], rel=1e-3)
+
+
+def test_several_process_groups_pair_within_their_group(tmp_path):
+    """4 ranks, tensor-parallel groups [0, 1], [2, 3] and data-parallel groups [0, 2],
+    [1, 3] (PyTorch >= 2.1's record_param_comms: Collective name, In msg nelems, dtype,
+    Process Group Name / Ranks; both TP groups are named "tp"). Each group numbers its own
+    collectives, so every collective pairs with its own group's members only, and each is
+    expanded over its group's links with the group's own fitted cost."""
+    from dpro.importers.kineto import import_kineto
+    from dpro.replayer.replay import replay
+
+    groups = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
+    pre = [100, 400, 200, 300]
+    issue = {(r, name): pre[r] + 20 + 400 * i for r in range(4) for i, name in enumerate(groups)}
+    kstart = {}
+    kend = {}
+    for name, gs in groups.items():
+        for g in gs:
+            t = max(max(issue[(r, name)] + 100, kend.get(r, 0)) for r in g)
+            for r in g:
+                kstart[(r, name)] = max(issue[(r, name)] + 100, kend.get(r, 0))
+                kend[r] = t + 200
+    d = tmp_path / "job"
+    d.mkdir()
+    for r in range(4):
+        evs = [X("ProfilerStep#1", "user_annotation", 0, 2000), X("aten::mm", "cpu_op", 10, pre[r] - 10)]
+        for i, (name, gs) in enumerate(groups.items()):
+            g = next(g for g in gs if r in g)
+            t = issue[(r, name)]
+            ks = kstart[(r, name)]
+            ke = max(kstart[(q, name)] for q in g) + 200
+            evs += [X("c10d::allreduce_", "cpu_op", t, 60),
+                    X("record_param_comms", "cpu_op", t + 5, 50, **{
+                        "Collective name": "allreduce", "In msg nelems": 1 << (16 + 2 * i), "dtype": "BFloat16",
+                        "Process Group Name": name, "Process Group Ranks": str(list(g))}),
+                    launch(t + 20, i + 1), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", ks, ke - ks, stream=20,
+                                                  correlation=i + 1)]
+        (d / f"rank{r}.json").write_bytes(orjson.dumps({"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": 4}}))
+    gt = import_kineto(d)
+    txns = defaultdict(set)
+    for nt in gt.nodes.values():
+        for o in nt.ops.values():
+            if o.cat == "COMM":
+                txns[o.txn].add(nt.info.rank)
+                assert o.bytes in (2 << 16, 2 << 18)  # bf16
+    assert txns == {"g0-1/allreduce.0": {0, 1}, "g2-3/allreduce.0": {2, 3},
+                    "g0-2/allreduce.0": {0, 2}, "g1-3/allreduce.0": {1, 3}}
+    res = replay(gt)
+    assert res.build.expanded == 4 and res.build.kept_coarse == 0
+    assert sum("link cost of group" in n for n in res.notes) == 4

@@ -188,8 +188,9 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
     cost = opts.link_cost
     group_cost: dict[tuple[int, ...], LinkCost] = {}
     kinds = {gt.nodes[m[0][0]].ops[m[0][1]].sub_op for m in complete.values()}
+    rank_sets = {frozenset(gt.nodes[nn].info.rank for nn, _ in m) for m in complete.values()}
     if opts.expand_collectives and complete and cost is None:
-        if kinds == {"ALLREDUCE"}:
+        if kinds == {"ALLREDUCE"} and len(rank_sets) == 1:
             cost = fit_link_cost(_collective_busy_periods(gt, stats, complete))
         else:
             cost, group_cost = _fit_per_group(gt, stats, complete, info)

@@ -322,6 +322,15 @@ def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
     return tuple(sorted((d, tuple(s.name for s in ss)) for d, ss in by_dev.items()))
 
 
+def _pg_key(c: Seg) -> str:
+    """The process group of a collective, as one name on every member rank: its ranks where
+    the trace gives them (a group name such as "tp" is reused by every TP group), else its
+    name, else the default group."""
+    if c.group:
+        return "g" + "-".join(map(str, c.group))
+    return f"pg{c.pg}" if c.pg is not None else "world"
+
+
 def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     """One rank's Kineto trace -> NodeTrace with a local DFG shared by all kept steps."""
     steps, segs, _, pairs = _rank_segments(rf, notes)
@@ -330,9 +339,16 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     for p in pairs:
         per_step_pairs[p[1].step].append(p)
     bucket_of: dict[int, int] = {}
+    several = len({_pg_key(c) for _, c in pairs}) > 1
     for st, ps in per_step_pairs.items():
+        seq: Counter = Counter()
         for j, (issue, c) in enumerate(ps):
-            txn_of[id(c)] = f"{c.coll}.{j}"
+            if several:  # each process group numbers its own collectives (its sequence number)
+                key = _pg_key(c)
+                txn_of[id(c)] = f"{key}/{c.coll}.{seq[key]}"
+                seq[key] += 1
+            else:
+                txn_of[id(c)] = f"{c.coll}.{j}"
             if issue.bucket is not None:
                 bucket_of[id(c)] = issue.bucket
     per_step: dict[int, list[Seg]] = defaultdict(list)
