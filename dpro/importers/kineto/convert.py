@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import difflib
 import statistics
 import logging
 from collections import Counter, defaultdict
@@ -242,6 +243,41 @@ def _empty_reason(rf: RankFile, steps: dict[int, tuple[float, float]]) -> str:
     return msg
 
 
+#: a step whose structure differs is aligned with the reference step when at least this
+#: share of the reference's ops is matched (else it is left out, e.g. a step cut by the
+#: capture's end)
+ALIGN_MIN = 0.7
+
+
+def align_step(by_dev: dict[str, list[Seg]], ref: dict[str, list[Seg]], t0: float, st: int) -> list[Seg] | None:
+    """A step's segments aligned with the reference step's structure, or None.
+
+    Per device queue the op names are matched in order (difflib's longest matching
+    blocks); an op the reference lacks is left out (its time becomes host gap before the
+    next op), and a reference op this step lacks gets a zero-length stand-in at the end of
+    the op before it. None when fewer than ``ALIGN_MIN`` of the reference's ops match.
+    """
+    out: list[Seg] = []
+    matched = total = 0
+    for dev, rss in ref.items():
+        ss = by_dev.get(dev, [])
+        sm = difflib.SequenceMatcher(None, [x.name for x in rss], [x.name for x in ss], autojunk=False)
+        mapping = {i + k: ss[j + k] for i, j, n in sm.get_matching_blocks() for k in range(n)}
+        prev_end = t0
+        for i, r in enumerate(rss):
+            x = mapping.get(i)
+            if x is None:
+                x = Seg(dev, r.name, prev_end, prev_end, r.cat, step=st, coll=r.coll, nbytes=r.nbytes, group=r.group,
+                        layer=r.layer, pg=r.pg)
+            else:
+                matched += 1
+            out.append(x)
+            prev_end = max(prev_end, x.end)
+        total += len(rss)
+    log.debug("step %s: %d of %d ops of the reference matched", st, matched, total)
+    return out if total and matched >= ALIGN_MIN * total else None
+
+
 def _tail_length(ss: list[Seg], t1: float) -> int:
     """How many of a GPU queue's last ops start at or after the CPU step end ``t1``."""
     n = 0
@@ -359,11 +395,26 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         raise DproInputError(rf.path, _empty_reason(rf, steps))
     sigs = Counter(_signature(b[0]) for b in built.values())
     ref_sig = sigs.most_common(1)[0][0]
-    kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
+    same = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
+    aligned = []
+    if 2 * len(same) <= len(built):  # no structure holds most steps: align the later ones with it
+        # (steps before its first one are the run's warm-up: first profiled steps, autotuning)
+        for st in sorted(x for x in set(built) - set(same) if x > same[0]):
+            segs_st = align_step(built[st][0], built[same[0]][0], steps[st][0], st)
+            if segs_st is not None:
+                live = {id(x) for x in segs_st}
+                built[st] = _step_edges(segs_st, [p for p in per_step_pairs.get(st, [])
+                                                  if id(p[0]) in live and id(p[1]) in live])
+                aligned.append(st)
+    kept = sorted(same + aligned)
     _reconcile_consumers(built, kept)
     dropped = sorted(set(built) - set(kept))
+    if aligned:
+        notes.append(f"{rf.path.name}: steps {aligned} differ in structure from step(s) {same}; aligned with step "
+                     f"{same[0]} (ops matched by name and order; extra ops count as host time, missing ones as "
+                     f"zero-length)")
     if dropped:
-        notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {kept}; replaying {kept}")
+        notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {same}; replaying {kept}")
     carry_gpu_tails(built, kept, steps, rf.path.name, notes)
     name = f"worker{rf.rank}"
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
@@ -372,7 +423,7 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     # timeline (and a sync's wait for a GPU op that started inside it): heuristic edges that
     # disagree between steps can then never form a cycle.
     order: dict[str, int] = {}
-    for st in kept:
+    for st in [same[0]] + [x for x in kept if x != same[0]]:  # ops and timeline order from the reference step
         by_dev, edges, _ = built[st]
         ids: dict[int, str] = {}
         for dev, ss in by_dev.items():
