@@ -439,3 +439,26 @@ def test_steps_of_another_structure_are_aligned(tmp_path):
     assert ev[("aten::c", 2)].ts == 1000 + 310  # matched past the extra op
     assert ev[("aten::d", 3)].dur == 0  # a stand-in for the missing op
     assert any("aligned with step 1" in n for n in gt.notes)
+
+
+def test_carried_collective_keeps_its_transaction(tmp_path):
+    """A one-step, two-rank NCCL job whose all-reduce kernel runs after the CPU step end: the
+    stand-in carried to the head of the queue (the step's own instance, a step earlier) is
+    still the same collective on both ranks, so the ranks still pair and expand it."""
+    from dpro.importers.kineto import import_kineto
+    from dpro.replayer.replay import replay
+
+    d = tmp_path / "job"
+    d.mkdir()
+    for r in range(2):
+        evs = [X("ProfilerStep#1", "user_annotation", 0, 1000), X("aten::mm", "cpu_op", 10, 800),
+               X("c10d::allreduce_", "cpu_op", 850, 60),
+               X("nccl:all_reduce", "user_annotation", 860, 40, **{"Input Dims": [[1 << 20]], "Input type": ["float"]}),
+               launch(870, 1), kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 1100 + 50 * r, 400 - 50 * r,
+                                      stream=20, correlation=1)]
+        (d / f"rank{r}.json").write_bytes(orjson.dumps({"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": 2}}))
+    gt = import_kineto(d)
+    txns = {o.txn for nt in gt.nodes.values() for o in nt.ops.values() if o.cat == "COMM"}
+    assert txns == {"allreduce.0"}
+    assert any("carried into the next step" in n for n in gt.notes)
+    assert replay(gt).build.expanded == 1

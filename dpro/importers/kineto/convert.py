@@ -287,7 +287,7 @@ def _tail_length(ss: list[Seg], t1: float) -> int:
 
 
 def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, float]], fname: str,
-                    notes: list[str]) -> None:
+                    notes: list[str]) -> dict[int, Seg]:
     """Steady state: a GPU queue's work that runs after its step's CPU end is carried into the next step.
 
     Where the GPU runs behind the CPU, the kernels launched at the end of step k run while
@@ -301,7 +301,8 @@ def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, 
     launch was in the previous step); the queue's order joins them to the step's own GPU
     ops. Where step k is not in the trace (or ends its queues with other ops), step k+1's
     own instances stand in for them, moved back by its CPU step time (the steady-state
-    assumption), with a note. ``built`` is rewritten in place.
+    assumption), with a note. ``built`` is rewritten in place; returns each stand-in (by
+    id) with the op it stands for.
     """
     lengths: dict[str, list[int]] = defaultdict(list)
     for st in kept:
@@ -310,8 +311,9 @@ def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, 
             if dev.startswith("gpu"):
                 lengths[dev].append(_tail_length(ss, t1))
     tail = {dev: n for dev, v in lengths.items() if (n := int(statistics.median_low(v))) > 0}
+    originals: dict[int, Seg] = {}
     if not tail:
-        return
+        return originals
 
     def has_prev(st: int) -> bool:
         """Step st-1 is in the trace and ends its GPU queues with the same ops (it may
@@ -332,6 +334,7 @@ def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, 
             shift = steps[st][1] - steps[st][0]
             copy = {id(x): replace(x, ts=x.ts - shift, end=x.end - shift)
                     for dev, n in tail.items() for x in by_dev[dev][-n:]}
+            originals.update({id(c): x for dev, n in tail.items() for x in by_dev[dev][-n:] for c in [copy[id(x)]]})
             pby_dev = {dev: [copy[id(x)] for x in by_dev[dev][-n:]] for dev, n in tail.items()}
             pedges = [(copy[id(x)], copy[id(y)]) for x, y in edges if id(x) in copy and id(y) in copy]
             shifted.append(st)
@@ -352,6 +355,7 @@ def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, 
                  f"the step's CPU end and are carried into the next step (steady state)"
                  + (f"; for steps {shifted}, whose previous step is not in the trace (or ends differently), their "
                     f"own, one CPU step earlier" if shifted else ""))
+    return originals
 
 
 def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
@@ -415,7 +419,12 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
                      f"zero-length)")
     if dropped:
         notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {same}; replaying {kept}")
-    carry_gpu_tails(built, kept, steps, rf.path.name, notes)
+    for c, x in carry_gpu_tails(built, kept, steps, rf.path.name, notes).items():
+        # a stand-in (a step's own tail, one step earlier) is the same collective
+        if id(x) in txn_of:
+            txn_of[c] = txn_of[id(x)]
+        if id(x) in bucket_of:
+            bucket_of[c] = bucket_of[id(x)]
     name = f"worker{rf.rank}"
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
     edge_set: set[tuple[str, str]] = set()
