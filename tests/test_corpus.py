@@ -30,13 +30,25 @@ SETS = sorted(d.name for d in CORPUS.iterdir() if d.is_dir()) if CORPUS.is_dir()
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 #: categories of a CPU-side ProfilerStep span (``Operator``: PyTorch 1.8's name for cpu_op)
 CPU_STEP_CATS = {"user_annotation", "cpu_op", "Operator"}
-#: sets whose measured step is not yet the median CPU step: dpro keeps the steps of the most
-#: common structure and drops the others (aligning them is the next part of #26)
+#: sets whose measured step is not yet the median CPU step: a step whose structure differs is
+#: aligned with the reference step's where at least 70 % of the reference's ops match by name
+#: and order (hta_trace_compare_base: 10 of 14; tl_mi300_resnet_act_ckpt: 2429 and 2356 of
+#: 3139), else dropped
 STRUCTURE_DROPS = {
     "hta_amd_mi250": "keeps step 1 (9.29 ms) and drops step 2, a 49 us stub cut by the capture's end",
-    "hta_trace_compare_base": "keeps step 1009 (100.3 ms), drops step 1010 (122.1 ms)",
-    "hta_trace_compare_test": "keeps step 1009 (100.3 ms), drops step 1010 (122.1 ms)",
-    "tl_mi300_resnet_act_ckpt": "keeps step 15 (16.80 ms), drops steps 16 and 17 (15.95, 15.89 ms)",
+    "hta_trace_compare_test": "keeps step 1009 (100.3 ms), drops step 1010 (122.1 ms): 9 of its 14 ops match "
+                              "(at 60 % it aligns, but the prediction becomes +26 %)",
+}
+
+#: sets whose prediction is not yet within 5 % of the measured (median CPU) step
+PREDICTION_OFF = {
+    "tl_mi300_resnet_act_ckpt": "the GPU falls further behind the CPU every step (its kernels start 30, 32, 35 ms "
+                                "after their step's CPU start, CPU steps 16-17 ms): no steady state within the "
+                                "capture; the GPU-bound period (about 18.8 ms) is not the measured CPU step either",
+    "param_dlrm_8rank": "one step per rank, the ranks' steps staggered by up to 7.5 ms: the mean CPU step (16.0 ms) "
+                        "holds the early ranks' waits for the last one; the replay starts all ranks together and "
+                        "predicts 14.6 ms (-9 %); no second step to check steady state against",
+    **{n: f"the median CPU step is not the replayed steps': {why}" for n, why in STRUCTURE_DROPS.items()},
 }
 
 #: sets that cannot replay, with the specific message they get instead
@@ -115,6 +127,24 @@ def test_corpus_measured_is_median_cpu_step(name):
     assert code == 0, err
     measured = orjson.loads(out)["measured_iteration_us"]
     assert measured == pytest.approx(median, rel=0.02)
+
+
+@pytest.mark.skipif(not SETS, reason=f"trace corpus not found at {CORPUS}")
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=PREDICTION_OFF[n])) if n in PREDICTION_OFF else n
+    for n in SETS
+] or ["none"])
+def test_corpus_prediction_within_5pct(name):
+    """Steady state (#26 item 3): the replay predicts the step period, so GPU work that
+    runs behind the CPU is not counted as step time."""
+    median = cpu_step_median(CORPUS / name)
+    if median is None:
+        pytest.skip("no CPU-side ProfilerStep spans")
+    if name in NOT_REPLAYABLE:
+        pytest.skip(NOT_REPLAYABLE[name])
+    code, out, err = corpus_replay(name)
+    assert code == 0, err
+    assert orjson.loads(out)["predicted_iteration_us"] == pytest.approx(median, rel=0.05)
 
 
 @pytest.mark.skipif(not SETS, reason=f"trace corpus not found at {CORPUS}")
@@ -227,3 +257,208 @@ def test_window_from_gpu_annotation_only_says_so(tmp_path):
     (nt,) = gt.nodes.values()
     assert nt.steps[1] == (0.0, 900.0)
     assert any("steps taken from the GPU timeline" in n for n in gt.notes)
+
+
+def lagging_steps(n: int) -> list[dict]:
+    """n CPU steps of 1000 us; each launches at +880 us a 400 us kernel that runs at +1100 us,
+    in the next step's window: the GPU runs behind the CPU."""
+    evs = []
+    for k in range(1, n + 1):
+        t0 = 1000 * (k - 1)
+        evs += [X(f"ProfilerStep#{k}", "user_annotation", t0, 1000), X("aten::mul", "cpu_op", t0 + 10, 900),
+                launch(t0 + 880, k), kernel("mul_kernel", t0 + 1100, 400, correlation=k)]
+    return evs
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_gpu_lag_is_not_step_time(tmp_path, n):
+    """Steady state: the kernel that runs after its step's CPU end is carried into the next
+    step (the previous step's instance; a step without one uses its own, a step earlier),
+    so the prediction is the 1000 us period, not one step's 1500 us makespan."""
+    from dpro.importers.kineto import import_kineto
+
+    d = write(tmp_path, lagging_steps(n))
+    r = replay_json(d)
+    assert r["measured_iteration_us"] == 1000
+    assert r["predicted_iteration_us"] == pytest.approx(1000)
+    assert any("carried into the next step" in note for note in r["notes"])
+    (nt,) = import_kineto(d).nodes.values()
+    (k,) = [o.id for o in nt.ops.values() if o.name == "mul_kernel"]
+    assert not any(b == k and a.startswith("aten::mul") for a, b in nt.edges)  # its launch was a step earlier
+    ev = {e.step: e.ts for e in nt.events if e.op == k}
+    assert ev[1] == 100 and all(ev[s] == 1000 * (s - 2) + 1100 for s in range(2, n + 1))
+
+
+# --------------------------------------------------------------------------- NCCL across ranks
+
+
+def nccl_job(pre: list[int], post: list[int]) -> list[dict]:
+    """The ranks of an NCCL job on one clock, as PyTorch 2.0 records them: compute (``pre``
+    us), an all-reduce and an all-to-all whose kernels (``ncclKernel_AllReduce``,
+    ``ncclKernel_SendRecv``) carry no size, the CPU side does (``record_param_comms`` /
+    ``nccl:*`` Input Dims and type), then compute (``post`` us) whose kernel waits for the
+    all-to-all. A collective's kernel ends 300 us after its last rank's kernel started."""
+    colls = [("c10d::allreduce_", "nccl:all_reduce", "ncclKernel_AllReduce_RING_LL_Sum_float", [[262144]], "float"),
+             ("c10d::alltoall_base_", "nccl:all_to_all", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", [[4096]], "long int")]
+    issue = [[p + 20 + 500 * c for c in range(2)] for p in pre]
+    start, end, prev = [[0.0] * 2 for _ in pre], [0.0, 0.0], 0.0
+    for c in range(2):
+        for r in range(len(pre)):
+            start[r][c] = max(prev, issue[r][c] + 100)
+        end[c] = prev = max(start[r][c] for r in range(len(pre))) + 300
+    out = []
+    for r, (p, q) in enumerate(zip(pre, post)):
+        evs = [X("aten::mm", "cpu_op", 10, p - 10), launch(20, 1), kernel("gemm", 30, p - 30, correlation=1)]
+        for c, (op, ann, kern, dims, dtype) in enumerate(colls):
+            t = issue[r][c]
+            evs += [X(op, "cpu_op", t, 60, **{"Input Dims": [[]], "Input type": ["TensorList"]}),
+                    X("record_param_comms", "cpu_op", t + 5, 50, **{"Input Dims": [[], []], "Input type": ["TensorList", "Scalar"]}),
+                    X(ann, "user_annotation", t + 10, 40, **{"Input Dims": dims, "Input type": [dtype]}),
+                    launch(t + 20, c + 2), kernel(kern, start[r][c], end[c] - start[r][c], stream=20, correlation=c + 2)]
+        t = issue[r][1] + 500
+        k0 = max(end[1], t + 20)
+        evs += [X("aten::relu", "cpu_op", t, q), launch(t + 10, 9), kernel("relu", k0, q - 20, correlation=9)]
+        evs.insert(0, X("ProfilerStep#1", "user_annotation", 0, max(t + q, k0 + q - 20) + 10))
+        out.append({"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": len(pre), "backend": "nccl"}})
+    return out
+
+
+def test_nccl_sizes_kinds_from_the_cpu_side_and_ranks_joined(tmp_path):
+    """#26 items 2-3: size and kind from the CPU side; the ranks' collectives paired by
+    sequence number and expanded on links between them; the critical path crosses ranks
+    (rank 1 computes 3 ms before the all-reduce, rank 0 computes 3 ms after the all-to-all)."""
+    from dpro.importers.kineto import import_kineto
+    from dpro.replayer.replay import replay
+
+    d = tmp_path / "job"
+    d.mkdir()
+    for r, trace in enumerate(nccl_job([500, 3000], [3000, 500])):
+        (d / f"rank{r}.json").write_bytes(orjson.dumps(trace))
+    gt = import_kineto(d)
+    comm = {(n, o.sub_op): o for n, nt in gt.nodes.items() for o in nt.ops.values() if o.cat == "COMM"}
+    assert comm[("worker0", "ALLREDUCE")].bytes == 262144 * 4
+    assert comm[("worker1", "ALLTOALL")].bytes == 4096 * 8  # the kernel says SendRecv, the CPU all-to-all
+    assert comm[("worker0", "ALLTOALL")].txn == comm[("worker1", "ALLTOALL")].txn
+    res = replay(gt)
+    assert res.build.expanded == 2 and res.build.kept_coarse == 0
+    assert not any("sizes unknown" in n for n in res.notes)
+    g = res.graph
+    links = [i for i in range(g.n) if "link:" in g.devices[g.device[i]]]
+    assert any("a2a" in g.names[i] for i in links) and any("ring" in g.names[i] for i in links)
+    preds: dict[int, set[str]] = defaultdict(set)
+    for u, v in zip(*g.edges()):
+        preds[int(v)].add(g.owners[g.device_owner[g.device[u]]])
+    assert any(len(preds[i]) == 2 for i in links)  # a transfer needs both ranks
+    owners = [p.device.split("/")[0] for p in res.critical_path]
+    assert owners[0] == "worker1" and owners[-1] == "worker0"
+    # rank 1's 3000 us, the collectives, rank 0's 3000 us: as measured (rank 0's step)
+    assert res.predicted_iteration_us == pytest.approx(6910, rel=0.05)
+
+
+@pytest.mark.skipif("param_dlrm_8rank" not in SETS, reason="corpus absent")
+def test_dlrm_8rank_collectives_modelled():
+    """PARAM's DLRM, 8 ranks: 5 all-to-alls and 3 all-reduces per rank, sizes from the CPU
+    side, every one expanded on links between the ranks, alpha/beta fitted from them."""
+    code, out, err = corpus_replay("param_dlrm_8rank")
+    assert code == 0, err
+    r = orjson.loads(out)
+    assert r["collectives_expanded"] == 8 and r["collectives_measured"] == 0
+    assert not any("sizes unknown" in n for n in r["notes"])
+    assert r["link_cost"]["samples"] >= 2 and r["link_cost"]["beta_us_per_byte"] > 0
+    # the measured step is not reproduced by construction
+    assert r["predicted_iteration_us"] != pytest.approx(r["measured_iteration_us"], rel=1e-3)
+
+
+def test_several_process_groups_pair_within_their_group(tmp_path):
+    """4 ranks, tensor-parallel groups [0, 1], [2, 3] and data-parallel groups [0, 2],
+    [1, 3] (PyTorch >= 2.1's record_param_comms: Collective name, In msg nelems, dtype,
+    Process Group Name / Ranks; both TP groups are named "tp"). Each group numbers its own
+    collectives, so every collective pairs with its own group's members only, and each is
+    expanded over its group's links with the group's own fitted cost."""
+    from dpro.importers.kineto import import_kineto
+    from dpro.replayer.replay import replay
+
+    groups = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
+    pre = [100, 400, 200, 300]
+    issue = {(r, name): pre[r] + 20 + 400 * i for r in range(4) for i, name in enumerate(groups)}
+    kstart = {}
+    kend = {}
+    for name, gs in groups.items():
+        for g in gs:
+            t = max(max(issue[(r, name)] + 100, kend.get(r, 0)) for r in g)
+            for r in g:
+                kstart[(r, name)] = max(issue[(r, name)] + 100, kend.get(r, 0))
+                kend[r] = t + 200
+    d = tmp_path / "job"
+    d.mkdir()
+    for r in range(4):
+        evs = [X("ProfilerStep#1", "user_annotation", 0, 2000), X("aten::mm", "cpu_op", 10, pre[r] - 10)]
+        for i, (name, gs) in enumerate(groups.items()):
+            g = next(g for g in gs if r in g)
+            t = issue[(r, name)]
+            ks = kstart[(r, name)]
+            ke = max(kstart[(q, name)] for q in g) + 200
+            evs += [X("c10d::allreduce_", "cpu_op", t, 60),
+                    X("record_param_comms", "cpu_op", t + 5, 50, **{
+                        "Collective name": "allreduce", "In msg nelems": 1 << (16 + 2 * i), "dtype": "BFloat16",
+                        "Process Group Name": name, "Process Group Ranks": str(list(g))}),
+                    launch(t + 20, i + 1), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", ks, ke - ks, stream=20,
+                                                  correlation=i + 1)]
+        (d / f"rank{r}.json").write_bytes(orjson.dumps({"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": 4}}))
+    gt = import_kineto(d)
+    txns = defaultdict(set)
+    for nt in gt.nodes.values():
+        for o in nt.ops.values():
+            if o.cat == "COMM":
+                txns[o.txn].add(nt.info.rank)
+                assert o.bytes in (2 << 16, 2 << 18)  # bf16
+    assert txns == {"g0-1/allreduce.0": {0, 1}, "g2-3/allreduce.0": {2, 3},
+                    "g0-2/allreduce.0": {0, 2}, "g1-3/allreduce.0": {1, 3}}
+    res = replay(gt)
+    assert res.build.expanded == 4 and res.build.kept_coarse == 0
+    assert sum("link cost of group" in n for n in res.notes) == 4
+
+
+def test_steps_of_another_structure_are_aligned(tmp_path):
+    """#26 item 6: three steps whose structures all differ (step 2 has an extra op, step 3
+    lacks one): no structure holds most steps, so the later ones are aligned with the first
+    (ops matched by name and order) and all three are replayed, not one."""
+    from dpro.importers.kineto import import_kineto
+
+    evs = []
+    names = [["a", "b", "c", "d", "e"], ["a", "b", "x", "c", "d", "e"], ["a", "b", "c", "e"]]
+    for k, ops in enumerate(names, start=1):
+        t0 = 1000 * (k - 1)
+        evs.append(X(f"ProfilerStep#{k}", "user_annotation", t0, 900))
+        evs += [X(f"aten::{n}", "cpu_op", t0 + 10 + 100 * i, 80) for i, n in enumerate(ops)]
+    gt = import_kineto(write(tmp_path, evs))
+    (nt,) = gt.nodes.values()
+    assert gt.manifest.steps == [1, 2, 3]
+    assert sorted(o.name for o in nt.ops.values()) == ["STEP_END"] + [f"aten::{n}" for n in "abcde"]
+    ev = {(e.op.split("@")[0], e.step): e for e in nt.events}
+    assert ev[("aten::c", 2)].ts == 1000 + 310  # matched past the extra op
+    assert ev[("aten::d", 3)].dur == 0  # a stand-in for the missing op
+    assert any("aligned with step 1" in n for n in gt.notes)
+
+
+def test_carried_collective_keeps_its_transaction(tmp_path):
+    """A one-step, two-rank NCCL job whose all-reduce kernel runs after the CPU step end: the
+    stand-in carried to the head of the queue (the step's own instance, a step earlier) is
+    still the same collective on both ranks, so the ranks still pair and expand it."""
+    from dpro.importers.kineto import import_kineto
+    from dpro.replayer.replay import replay
+
+    d = tmp_path / "job"
+    d.mkdir()
+    for r in range(2):
+        evs = [X("ProfilerStep#1", "user_annotation", 0, 1000), X("aten::mm", "cpu_op", 10, 800),
+               X("c10d::allreduce_", "cpu_op", 850, 60),
+               X("nccl:all_reduce", "user_annotation", 860, 40, **{"Input Dims": [[1 << 20]], "Input type": ["float"]}),
+               launch(870, 1), kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 1100 + 50 * r, 400 - 50 * r,
+                                      stream=20, correlation=1)]
+        (d / f"rank{r}.json").write_bytes(orjson.dumps({"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": 2}}))
+    gt = import_kineto(d)
+    txns = {o.txn for nt in gt.nodes.values() for o in nt.ops.values() if o.cat == "COMM"}
+    assert txns == {"allreduce.0"}
+    assert any("carried into the next step" in n for n in gt.notes)
+    assert replay(gt).build.expanded == 1

@@ -99,3 +99,49 @@ def lad_nonneg(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     tied = [c for c, e in zip(ok, err) if e <= err.min() * (1 + 1e-9) + 1e-9 * float(ys.max())]
     best = min(tied, key=lambda c: float(c[0]))  # among equally good fits, the least latency
     return float(best[0]), float(best[1])
+
+
+#: how each coarse collective is expanded (docs/replayer.md): ring AllReduce; the two ring
+#: halves (AllGather, ReduceScatter; Broadcast as a pipelined ring); pairwise exchanges
+#: (AllToAll: N-1 rounds, rank r sends to r+s in round s)
+PATTERNS = {"ALLREDUCE": "ring", "ALLGATHER": "ring", "REDUCESCATTER": "ring", "BROADCAST": "ring",
+            "ALLTOALL": "pairwise"}
+
+
+def collective_steps(sub_op: str, n: int) -> int:
+    """Transfer steps of a collective over n ranks, each on every rank's link at once."""
+    return ring_steps(n) if sub_op == "ALLREDUCE" else n - 1
+
+
+def chunk_bytes(sub_op: str, nbytes: float, n: int) -> float:
+    """Bytes each rank moves per step: B/N (AllReduce, ReduceScatter, Broadcast: B is the
+    whole tensor; AllToAll: B is the rank's input, one chunk per peer), B for AllGather (B
+    is the rank's own input, the chunk every step forwards)."""
+    return nbytes if sub_op == "ALLGATHER" else nbytes / n
+
+
+def fit_collective_cost(instances: list[tuple[float, float, int, float, int]]) -> LinkCost | None:
+    """Fit alpha, beta from collective instances of several kinds.
+
+    ``instances``: (start, end, steps k, chunk bytes x, ranks N) of each complete collective
+    in each step (start: when its last rank joined; end: when its last rank finished).
+    Instances of one N that overlap in time share the links and form one busy period
+    (as in :func:`fit_link_cost`); a period lasting T gives ``T = alpha * sum(k) + beta *
+    sum(k * x)``. None when no period is usable.
+    """
+    v = sorted(i for i in instances if i[4] > 1 and i[2] > 0 and i[3] > 0)
+    rows, y = [], []
+    i = 0
+    while i < len(v):
+        t0, t1, k, x, n = v[i]
+        ks, kx, j = float(k), k * x, i + 1
+        while j < len(v) and v[j][0] < t1 and v[j][4] == n:
+            t1 = max(t1, v[j][1])
+            ks, kx, j = ks + v[j][2], kx + v[j][2] * v[j][3], j + 1
+        if t1 > t0:
+            rows.append((ks, kx))
+            y.append(t1 - t0)
+        i = j
+    if not rows:
+        return None
+    return lad_link_cost(np.array(rows, dtype=float), np.array(y, dtype=float))

@@ -5,7 +5,10 @@ Local ops become ``<node>/<op>`` on device ``<node>/<device>``.  A coarse collec
 replaced, on every rank, by a virtual IN op (the rank joins; it carries the host gap
 before the collective), the 2(N-1) SEND steps of a ring AllReduce on the directed links
 ``link:r->r+1`` (cost from :mod:`dpro.graph.comm_model`), and a virtual OUT op that the
-local consumers wait for.  Collectives whose peers are absent keep their measured time.
+local consumers wait for.  NCCL collectives of the other kinds on accelerator streams are
+expanded as well: AllGather, ReduceScatter and Broadcast as N-1 ring steps, AllToAll as N-1
+rounds of pairwise transfers (``comm_model.PATTERNS``), with alpha/beta fitted per process
+group.  Collectives whose peers are absent keep their measured time.
 Fine-grained SEND/RECV and PUSH/PULL ops already in the trace are joined producer ->
 consumer by transaction id.
 """
@@ -17,7 +20,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from dpro.graph.builder import GraphBuilder
-from dpro.graph.comm_model import LinkCost, fit_link_cost, ring_steps
+from dpro.graph.comm_model import (
+    PATTERNS, LinkCost, chunk_bytes, collective_steps, fit_collective_cost, fit_link_cost,
+)
 from dpro.graph.compiled import CompiledGraph
 from dpro.graph.intervals import busy_periods
 from dpro.graph.overhead import measured_overhead, scale_overhead
@@ -99,6 +104,57 @@ def _without_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: Bu
     return out
 
 
+def _fit_per_group(gt: GTrace, stats: dict[str, dict[str, OpStats]], complete: dict[str, list[tuple[str, str]]],
+                   info: BuildInfo) -> tuple[LinkCost | None, dict[tuple[int, ...], LinkCost]]:
+    """alpha + beta * bytes per process group (its ranks) from the run's own collectives of
+    every kind (:func:`dpro.graph.comm_model.fit_collective_cost`), and over all groups
+    (the fallback for a group whose own fit fails)."""
+    per_group: dict[tuple[int, ...], list[tuple[float, float, int, float, int]]] = defaultdict(list)
+    for txn, members in complete.items():
+        op0 = gt.nodes[members[0][0]].ops[members[0][1]]
+        ranks = tuple(sorted(gt.nodes[nn].info.rank for nn, _ in members))
+        n = len(ranks)
+        nbytes = max(gt.nodes[nn].ops[o].bytes for nn, o in members)
+        per_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for node, op_id in members:
+            for st, (ts, end, _) in stats[node][op_id].samples.items():
+                per_step[st].append((ts, end))
+        for st, v in per_step.items():
+            if len(v) == n:
+                per_group[ranks].append((max(t for t, _ in v), max(e for _, e in v),
+                                         collective_steps(op0.sub_op, n), chunk_bytes(op0.sub_op, nbytes, n), n))
+    fits = {g: c for g, v in per_group.items() if (c := fit_collective_cost(v)) is not None}
+    overall = fit_collective_cost([i for v in per_group.values() for i in v])
+    for g, c in sorted(fits.items()):
+        bw = f"{1e-3 / c.beta:.2f} GB/s per link" if c.beta > 0 else "no bandwidth term (sizes do not explain the times)"
+        info.notes.append(f"link cost of group {list(g)}: alpha {c.alpha:.2f} us, {bw} ({c.samples} busy periods, "
+                          f"fit error {100 * c.fit_error:.0f}%)")
+    return overall, fits
+
+
+def _expand_pairwise(b: GraphBuilder, txn: str, ranks: list[int], by_rank: dict[int, tuple[str, str]], step_dur: float,
+                     prio: float, idx: dict[tuple[str, str], int], ends: dict[tuple[str, str], int]) -> None:
+    """AllToAll as N-1 rounds of pairwise transfers: in round s rank r sends its chunk for
+    r+s on the link ``link:r->r+s``, after its previous round; a transfer needs both ranks
+    to have joined (IN); a rank's OUT waits for every transfer from and to it."""
+    n = len(ranks)
+    into: dict[int, list[int]] = defaultdict(list)
+    last: dict[int, int] = {}
+    for s in range(1, n):
+        for j, r in enumerate(ranks):
+            p = ranks[(j + s) % n]
+            node = by_rank[r][0]
+            d = b.add_device(f"link:{r}->{p}", owner=node, is_comm=True)
+            i = b.add_op(f"{txn}/a2a{s}/{r}->{p}", dur=step_dur, cat="COMM", device=d, prio=prio)
+            b.add_edge(last.get(r, idx[by_rank[r]]), i)
+            b.add_edge(idx[by_rank[p]], i)
+            last[r] = i
+            into[p].append(i)
+    for r in ranks:
+        for i in into[r] + [last[r]]:
+            b.add_edge(i, ends[by_rank[r]])
+
+
 def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
                      stats: dict[str, dict[str, OpStats]] | None = None) -> tuple[CompiledGraph, BuildInfo]:
     """Build the global DFG of ``gt`` ready for replay.
@@ -115,11 +171,13 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         stats = _without_overhead(gt, stats, info)
     present = {nt.info.rank: name for name, nt in gt.nodes.items() if nt.info.role == "worker"}
 
-    # Coarse AllReduce transactions whose whole group is present get expanded.
+    # Coarse collectives whose whole group is present get expanded: AllReduce anywhere; the
+    # other kinds of comm_model.PATTERNS where they run on an accelerator stream (NCCL).
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for name, nt in gt.nodes.items():
         for op in nt.ops.values():
-            if op.cat == "COMM" and op.sub_op == "ALLREDUCE" and op.txn is not None:
+            if op.cat == "COMM" and op.txn is not None and (
+                    op.sub_op == "ALLREDUCE" or (op.sub_op in PATTERNS and op.device.startswith(ACCELERATORS))):
                 groups[op.txn].append((name, op.id))
     complete = {}
     for txn, members in groups.items():
@@ -128,8 +186,14 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         if len(ranks) > 1 and all(r in present for r in ranks) and len(members) == len(ranks):
             complete[txn] = members
     cost = opts.link_cost
+    group_cost: dict[tuple[int, ...], LinkCost] = {}
+    kinds = {gt.nodes[m[0][0]].ops[m[0][1]].sub_op for m in complete.values()}
+    rank_sets = {frozenset(gt.nodes[nn].info.rank for nn, _ in m) for m in complete.values()}
     if opts.expand_collectives and complete and cost is None:
-        cost = fit_link_cost(_collective_busy_periods(gt, stats, complete))
+        if kinds == {"ALLREDUCE"} and len(rank_sets) == 1:
+            cost = fit_link_cost(_collective_busy_periods(gt, stats, complete))
+        else:
+            cost, group_cost = _fit_per_group(gt, stats, complete, info)
         if cost is None:
             info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
     info.link_cost = cost
@@ -166,17 +230,24 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         for u, v in nt.edges:
             b.add_edge(ends[(name, u)], idx[(name, v)])
 
-    # Ring AllReduce expansion.
+    # Expansion: rings (AllReduce; AllGather, ReduceScatter, Broadcast: one ring half), pairwise
+    # exchanges (AllToAll).
     for txn in sorted(expand):
         members = complete[txn]
         by_rank = {gt.nodes[n].info.rank: (n, o) for n, o in members}
         ranks = sorted(by_rank)
         n = len(ranks)
         nbytes = max(gt.nodes[nn].ops[o].bytes for nn, o in members)
-        step_dur = cost.step_us(nbytes / n)
+        sub = gt.nodes[members[0][0]].ops[members[0][1]].sub_op
+        c = group_cost.get(tuple(ranks), cost)
         prio = max(stats[nn][o].offset for nn, o in members)
+        if PATTERNS[sub] == "pairwise":
+            _expand_pairwise(b, txn, ranks, by_rank, c.step_us(chunk_bytes(sub, nbytes, n)), prio, idx, ends)
+            info.expanded += 1
+            continue
+        step_dur = c.step_us(nbytes / n) if sub == "ALLREDUCE" else c.step_us(chunk_bytes(sub, nbytes, n))
         prev: list[int] = []
-        for s in range(ring_steps(n)):
+        for s in range(collective_steps(sub, n)):
             cur = []
             for j, r in enumerate(ranks):
                 nxt = ranks[(j + 1) % n]

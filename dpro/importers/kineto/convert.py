@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import difflib
+import statistics
 import logging
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from dpro.errors import DproInputError
@@ -14,7 +17,7 @@ from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import (
-    CPU_CATS, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
+    CPU_CATS, CommInfo, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
 )
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,18 @@ def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float,
     return pairs
 
 
+def _describe_collective(k: Seg, info: CommInfo) -> None:
+    """Complete an NCCL kernel's collective from its CPU-side issue: the kind (the kernel of
+    an all-to-all or a send/recv is ``SendRecv``), and size and group where the kernel's own
+    arguments do not say them."""
+    if not k.coll_from_args:
+        k.coll = info.kind
+    if not k.nbytes and info.nbytes:
+        k.nbytes, k.numel = info.nbytes, info.numel
+    k.group = k.group or info.group
+    k.pg = k.pg or info.pg
+
+
 def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:
     """All segments of a rank with steps and categories; plus (issue, collective) pairs."""
     if rf.legacy:
@@ -125,6 +140,8 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
     launcher = {c: s for s in segs for c in s.launches}
     for k in gpu:
         src = launcher.get(k.corr) if k.corr is not None else None
+        if src is not None and k.cat == "COMM" and k.corr in src.comm_info:
+            _describe_collective(k, src.comm_info[k.corr])
         if src is not None:
             k.step = src.step
             if not k.cat:
@@ -227,8 +244,132 @@ def _empty_reason(rf: RankFile, steps: dict[int, tuple[float, float]]) -> str:
     return msg
 
 
+#: a step whose structure differs is aligned with the reference step when at least this
+#: share of the reference's ops is matched (else it is left out, e.g. a step cut by the
+#: capture's end)
+ALIGN_MIN = 0.7
+
+
+def align_step(by_dev: dict[str, list[Seg]], ref: dict[str, list[Seg]], t0: float, st: int) -> list[Seg] | None:
+    """A step's segments aligned with the reference step's structure, or None.
+
+    Per device queue the op names are matched in order (difflib's longest matching
+    blocks); an op the reference lacks is left out (its time becomes host gap before the
+    next op), and a reference op this step lacks gets a zero-length stand-in at the end of
+    the op before it. None when fewer than ``ALIGN_MIN`` of the reference's ops match.
+    """
+    out: list[Seg] = []
+    matched = total = 0
+    for dev, rss in ref.items():
+        ss = by_dev.get(dev, [])
+        sm = difflib.SequenceMatcher(None, [x.name for x in rss], [x.name for x in ss], autojunk=False)
+        mapping = {i + k: ss[j + k] for i, j, n in sm.get_matching_blocks() for k in range(n)}
+        prev_end = t0
+        for i, r in enumerate(rss):
+            x = mapping.get(i)
+            if x is None:
+                x = Seg(dev, r.name, prev_end, prev_end, r.cat, step=st, coll=r.coll, nbytes=r.nbytes, group=r.group,
+                        layer=r.layer, pg=r.pg)
+            else:
+                matched += 1
+            out.append(x)
+            prev_end = max(prev_end, x.end)
+        total += len(rss)
+    log.debug("step %s: %d of %d ops of the reference matched", st, matched, total)
+    return out if total and matched >= ALIGN_MIN * total else None
+
+
+def _tail_length(ss: list[Seg], t1: float) -> int:
+    """How many of a GPU queue's last ops start at or after the CPU step end ``t1``."""
+    n = 0
+    while n < len(ss) and ss[-1 - n].ts >= t1:
+        n += 1
+    return n
+
+
+def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, float]], fname: str,
+                    notes: list[str]) -> dict[int, Seg]:
+    """Steady state: a GPU queue's work that runs after its step's CPU end is carried into the next step.
+
+    Where the GPU runs behind the CPU, the kernels launched at the end of step k run while
+    the CPU is already in step k+1. Replaying step k's ops alone then counts that lag as
+    step time (the prediction becomes one step's makespan, not the step period), and the
+    first kernel of step k+1, which waited for them, shows the wait as host gap. So the
+    ops at the end of each GPU queue that start after the CPU step end (the median number
+    of them over the kept steps, so the same ops in every step) move to the head of that
+    queue, and step k+1 is replayed with step k's instances of them: the backlog the GPU
+    really ran in step k+1's window. They keep no edge from the step's CPU ops (their
+    launch was in the previous step); the queue's order joins them to the step's own GPU
+    ops. Where step k is not in the trace (or ends its queues with other ops), step k+1's
+    own instances stand in for them, moved back by its CPU step time (the steady-state
+    assumption), with a note. ``built`` is rewritten in place; returns each stand-in (by
+    id) with the op it stands for.
+    """
+    lengths: dict[str, list[int]] = defaultdict(list)
+    for st in kept:
+        t1 = steps[st][1]
+        for dev, ss in built[st][0].items():
+            if dev.startswith("gpu"):
+                lengths[dev].append(_tail_length(ss, t1))
+    tail = {dev: n for dev, v in lengths.items() if (n := int(statistics.median_low(v))) > 0}
+    originals: dict[int, Seg] = {}
+    if not tail:
+        return originals
+
+    def has_prev(st: int) -> bool:
+        """Step st-1 is in the trace and ends its GPU queues with the same ops (it may
+        differ elsewhere, e.g. the first profiled step)."""
+        if st - 1 not in built:
+            return False
+        prev, own = built[st - 1][0], built[st][0]
+        return all(len(prev.get(d, [])) >= n and [s.name for s in prev[d][-n:]] == [s.name for s in own[d][-n:]]
+                   for d, n in tail.items())
+
+    new: dict[int, tuple] = {}
+    shifted = []
+    for st in kept:
+        by_dev, edges, consumers = built[st]
+        if has_prev(st):
+            pby_dev, pedges = built[st - 1][0], built[st - 1][1]
+        else:  # this step's own tail, one CPU step earlier
+            shift = steps[st][1] - steps[st][0]
+            copy = {id(x): replace(x, ts=x.ts - shift, end=x.end - shift)
+                    for dev, n in tail.items() for x in by_dev[dev][-n:]}
+            originals.update({id(c): x for dev, n in tail.items() for x in by_dev[dev][-n:] for c in [copy[id(x)]]})
+            pby_dev = {dev: [copy[id(x)] for x in by_dev[dev][-n:]] for dev, n in tail.items()}
+            pedges = [(copy[id(x)], copy[id(y)]) for x, y in edges if id(x) in copy and id(y) in copy]
+            shifted.append(st)
+        moved = {id(x) for dev, n in tail.items() for x in by_dev[dev][-n:]}
+        carried = {id(x) for dev, n in tail.items() for x in pby_dev[dev][-n:]}
+        nb = dict(by_dev)
+        chain = []
+        for dev, n in tail.items():
+            own = by_dev[dev][:-n]
+            nb[dev] = pby_dev[dev][-n:] + own
+            if own:
+                chain.append((nb[dev][n - 1], own[0]))
+        ne = [(x, y) for x, y in edges if id(x) not in moved and id(y) not in moved]
+        ne += [(x, y) for x, y in pedges if id(x) in carried and id(y) in carried]
+        new[st] = (nb, ne + chain, consumers)
+    built.update(new)
+    notes.append(f"{fname}: the GPU runs behind the CPU: the last {sum(tail.values())} GPU ops of each step start after "
+                 f"the step's CPU end and are carried into the next step (steady state)"
+                 + (f"; for steps {shifted}, whose previous step is not in the trace (or ends differently), their "
+                    f"own, one CPU step earlier" if shifted else ""))
+    return originals
+
+
 def _signature(by_dev: dict[str, list[Seg]]) -> tuple:
     return tuple(sorted((d, tuple(s.name for s in ss)) for d, ss in by_dev.items()))
+
+
+def _pg_key(c: Seg) -> str:
+    """The process group of a collective, as one name on every member rank: its ranks where
+    the trace gives them (a group name such as "tp" is reused by every TP group), else its
+    name, else the default group."""
+    if c.group:
+        return "g" + "-".join(map(str, c.group))
+    return f"pg{c.pg}" if c.pg is not None else "world"
 
 
 def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
@@ -239,9 +380,16 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     for p in pairs:
         per_step_pairs[p[1].step].append(p)
     bucket_of: dict[int, int] = {}
+    several = len({_pg_key(c) for _, c in pairs}) > 1
     for st, ps in per_step_pairs.items():
+        seq: Counter = Counter()
         for j, (issue, c) in enumerate(ps):
-            txn_of[id(c)] = f"{c.coll}.{j}"
+            if several:  # each process group numbers its own collectives (its sequence number)
+                key = _pg_key(c)
+                txn_of[id(c)] = f"{key}/{c.coll}.{seq[key]}"
+                seq[key] += 1
+            else:
+                txn_of[id(c)] = f"{c.coll}.{j}"
             if issue.bucket is not None:
                 bucket_of[id(c)] = issue.bucket
     per_step: dict[int, list[Seg]] = defaultdict(list)
@@ -252,11 +400,32 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         raise DproInputError(rf.path, _empty_reason(rf, steps))
     sigs = Counter(_signature(b[0]) for b in built.values())
     ref_sig = sigs.most_common(1)[0][0]
-    kept = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
+    same = sorted(st for st, b in built.items() if _signature(b[0]) == ref_sig)
+    aligned = []
+    if 2 * len(same) <= len(built):  # no structure holds most steps: align the later ones with it
+        # (steps before its first one are the run's warm-up: first profiled steps, autotuning)
+        for st in sorted(x for x in set(built) - set(same) if x > same[0]):
+            segs_st = align_step(built[st][0], built[same[0]][0], steps[st][0], st)
+            if segs_st is not None:
+                live = {id(x) for x in segs_st}
+                built[st] = _step_edges(segs_st, [p for p in per_step_pairs.get(st, [])
+                                                  if id(p[0]) in live and id(p[1]) in live])
+                aligned.append(st)
+    kept = sorted(same + aligned)
     _reconcile_consumers(built, kept)
     dropped = sorted(set(built) - set(kept))
+    if aligned:
+        notes.append(f"{rf.path.name}: steps {aligned} differ in structure from step(s) {same}; aligned with step "
+                     f"{same[0]} (ops matched by name and order; extra ops count as host time, missing ones as "
+                     f"zero-length)")
     if dropped:
-        notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {kept}; replaying {kept}")
+        notes.append(f"{rf.path.name}: steps {dropped} differ in structure from steps {same}; replaying {kept}")
+    for c, x in carry_gpu_tails(built, kept, steps, rf.path.name, notes).items():
+        # a stand-in (a step's own tail, one step earlier) is the same collective
+        if id(x) in txn_of:
+            txn_of[c] = txn_of[id(x)]
+        if id(x) in bucket_of:
+            bucket_of[c] = bucket_of[id(x)]
     name = f"worker{rf.rank}"
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
     shapes = layer_shapes(rf)
@@ -264,9 +433,10 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         nt.meta[LAYER_SHAPES] = shapes
     edge_set: set[tuple[str, str]] = set()
     # Edges from every kept step, but only those that go forward in the first kept step's
-    # timeline: heuristic edges that disagree between steps can then never form a cycle.
+    # timeline (and a sync's wait for a GPU op that started inside it): heuristic edges that
+    # disagree between steps can then never form a cycle.
     order: dict[str, int] = {}
-    for st in kept:
+    for st in [same[0]] + [x for x in kept if x != same[0]]:  # ops and timeline order from the reference step
         by_dev, edges, _ = built[st]
         ids: dict[int, str] = {}
         for dev, ss in by_dev.items():
@@ -291,7 +461,10 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
             order = {ids[id(s)]: i for i, s in enumerate(ranked)}
         for a, b in edges:
             ia, ib = ids[id(a)], ids[id(b)]
-            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib):
+            # a blocking sync starts before the GPU op it waited for: kept when that op
+            # started inside it (every path out of the sync starts after the sync ends)
+            waited = b.sync is not None and a.dev.startswith("gpu") and a.ts < b.end
+            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib) or waited:
                 edge_set.add((ia, ib))
         t0, t1 = steps[st]
         nt.steps[st] = (t0, t1 - t0)
@@ -318,6 +491,14 @@ _SUB_OP = {
     "reducescatterbase": "REDUCESCATTER",
     "alltoall": "ALLTOALL",
     "alltoallbase": "ALLTOALL",
+    "alltoallv": "ALLTOALL",
+    "allgatherintotensor": "ALLGATHER",
+    "allgatherintotensorcoalesced": "ALLGATHER",
+    "reducescattertensor": "REDUCESCATTER",
+    "reducescattertensorcoalesced": "REDUCESCATTER",
+    "reduce": "ALLREDUCE",
+    "send": "SENDRECV",
+    "recv": "SENDRECV",
     "barrier": "BARRIER",
     "sendrecv": "SENDRECV",
 }

@@ -12,7 +12,7 @@ dependency pass can join it to what it launched or waited for.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.importers.kineto.read import RankFile
@@ -57,6 +57,10 @@ class Seg:
     coll: str | None = None
     nbytes: int = 0
     group: tuple[int, ...] | None = None
+    #: the kernel's own arguments name the collective (``Collective name``)
+    coll_from_args: bool = False
+    #: process group name, where the trace gives it
+    pg: str | None = None
     #: elements of the collective's tensor (issue and gloo execution segments; 0 unknown):
     #: what pairs an issue with its execution (docs/kineto.md)
     numel: int = 0
@@ -65,6 +69,25 @@ class Seg:
     layer: str | None = None
     bucket: int | None = None
     seqs: list[int] = field(default_factory=list)
+    #: collectives this segment launched, as the CPU side describes them (``record_param_comms``,
+    #: ``nccl:*``, ``c10d::*``): correlation id of the launch -> :class:`CommInfo`
+    comm_info: dict[int, "CommInfo"] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CommInfo:
+    """A collective as its CPU-side events describe it (0 / None: not said)."""
+
+    kind: str
+    numel: int = 0
+    nbytes: int = 0
+    group: tuple[int, ...] | None = None
+    #: the kernel's own arguments name the collective (``Collective name``)
+    coll_from_args: bool = False
+    #: process group name, where the trace gives it
+    pg: str | None = None
+    #: the process group's name (``Process Group Name``), where the trace gives it
+    pg: str | None = None
 
 
 @dataclass
@@ -131,6 +154,34 @@ def _group(args: dict) -> tuple[int, ...] | None:
         except ValueError:
             return None
     return None
+
+
+def _update_comm_info(info: CommInfo, name: str, args: dict) -> None:
+    """Fill ``info`` from one CPU-side event of the collective: kind, size, dtype, group.
+
+    ``record_param_comms`` of PyTorch >= 2.1 says ``Collective name``, ``In msg nelems``,
+    ``dtype``, ``Process Group Name`` / ``Ranks``; older ones and the ``nccl:*`` record
+    functions give the tensor's ``Input Dims`` and ``Input type`` (needs record_shapes)."""
+    cname = args.get("Collective name")
+    if isinstance(cname, str) and cname:
+        info.kind = cname.replace("_", "").lower()
+    elif name.startswith("nccl:"):
+        info.kind = _coll_name(name)
+    dims = args.get("Input Dims")
+    first = dims[0] if isinstance(dims, list) and dims else None
+    # a later (more deeply nested, more specific) event overrides; an empty first dims
+    # list is a TensorList or a scalar argument, not the collective's tensor
+    if "In msg nelems" in args or (isinstance(first, list) and first):
+        try:
+            numel = _comm_numel(args)
+        except (TypeError, ValueError):
+            numel = 0
+        if numel > 0:
+            info.numel, info.nbytes = numel, _comm_bytes(args)
+    info.group = info.group or _group(args)
+    pg = args.get("Process Group Name")
+    if isinstance(pg, (str, int)) and not info.pg:
+        info.pg = str(pg)
 
 
 def is_issue(name: str) -> bool:
@@ -218,7 +269,9 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     seqs: list[int] = []
     bucket: list[int] = []
 
-    def walk(x: _Ev, inside_issue: bool) -> None:
+    comm_info: dict[int, CommInfo] = {}
+
+    def walk(x: _Ev, issue: CommInfo | None) -> None:
         for c in x.children:
             sq = c.args.get("Sequence number")
             if isinstance(sq, int):
@@ -232,16 +285,27 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
                     points.append((c.end, "sync_end", kind))
                 elif "correlation" in c.args:
                     points.append((c.end, "launch", int(c.args["correlation"])))
-            elif is_issue(c.name) and not inside_issue:
-                walk(c, True)
+                    if issue is not None:
+                        comm_info[int(c.args["correlation"])] = replace(issue)
+            elif is_issue(c.name) and issue is None:
+                info = CommInfo(_coll_name(c.name))
+                _update_comm_info(info, c.name, c.args)
+                walk(c, info)
                 points.append((c.end, "issue", (bucket.pop() if bucket else None, _comm_numel(c.args))))
                 continue
-            walk(c, inside_issue)
+            else:
+                if issue is not None and (c.name.startswith("nccl:") or c.name == "record_param_comms"):
+                    _update_comm_info(issue, c.name, c.args)
+                walk(c, issue)
 
     if op.cat in ("cuda_runtime", "cuda_driver"):
-        walk(_Ev("", "", op.ts, op.end, {}, [op]), False)
+        walk(_Ev("", "", op.ts, op.end, {}, [op]), None)
     else:
-        walk(op, False)
+        root = None
+        if is_issue(op.name):
+            root = CommInfo(_coll_name(op.name))
+            _update_comm_info(root, op.name, op.args)
+        walk(op, root)
         if is_issue(op.name):
             points.append((op.end, "issue", (None, _comm_numel(op.args))))
     segs: list[Seg] = []
@@ -256,6 +320,8 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
             continue
         if kind == "launch":
             cur.launches.append(int(payload))  # type: ignore[arg-type]
+            if payload in comm_info:
+                cur.comm_info[int(payload)] = comm_info[payload]  # type: ignore[index]
         elif kind == "issue":
             cur.issue = True
             cur.bucket, cur.numel = payload  # type: ignore[misc]
@@ -329,7 +395,10 @@ def gpu_segments(rf: RankFile) -> list[Seg]:
         if is_comm_kernel(name):
             s.cat = "COMM"
             s.coll = str(a.get("Collective name") or _coll_name(name)).lower().replace("_", "")
+            s.coll_from_args = bool(a.get("Collective name"))
             s.nbytes = _comm_bytes(a)
             s.group = _group(a)
+            pg = a.get("Process Group Name")
+            s.pg = str(pg) if isinstance(pg, (str, int)) else None
         out.append(s)
     return out
