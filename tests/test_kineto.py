@@ -76,3 +76,21 @@ def test_replay_matches_measured(imported):
         assert b.start_us >= a.start_us + a.dur_us - 1e-6
     bd = res.breakdown_us
     assert bd["FW"] > 0 and bd["BW"] > 0 and bd["COMM"] > 0
+
+
+def test_join_edge_main_thread_waits_for_backward_thread() -> None:
+    """On a GPU job `loss.backward()` blocks the main thread while autograd's device thread runs
+    the backward pass: the main thread's next op depends on that thread's last op (recorded
+    on an H200: main resumed 300-480 µs after it), so the wait is not replayed as host time."""
+    from dpro.importers.kineto.deps import join_edges
+    from dpro.importers.kineto.segments import Seg
+
+    main = [Seg("cpu:main", "aten::ones_like", 0.0, 20.0), Seg("cpu:main", "aten::_foreach_add_", 5400.0, 5460.0)]
+    bwd = [Seg("cpu:t1", "evaluate_function: A", 100.0, 2500.0), Seg("cpu:t1", "evaluate_function: B", 2600.0, 5000.0)]
+    assert join_edges({"cpu:main": main, "cpu:t1": bwd}) == [(bwd[1], main[1])]
+    # a thread that finished long before the main thread resumed is not what it waited for
+    early = [Seg("cpu:t2", "loader", 100.0, 1000.0)]
+    assert join_edges({"cpu:main": main, "cpu:t2": early}) == []
+    # no wait on the main thread (gap < 50 µs): no join
+    busy = [Seg("cpu:main", "a", 0.0, 5000.0), Seg("cpu:main", "b", 5010.0, 5020.0)]
+    assert join_edges({"cpu:main": busy, "cpu:t1": bwd}) == []

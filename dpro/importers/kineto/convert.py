@@ -184,6 +184,7 @@ def _step_edges(
     edges += deps.stream_wait_edges(by_dev, launch_end)
     edges += deps.sync_edges(segs, gpu)
     edges += deps.handoff_edges(by_dev)
+    edges += deps.join_edges(by_dev)
     return by_dev, edges, consumers
 
 
