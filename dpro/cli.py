@@ -32,7 +32,7 @@ def parse_size(text: str, option: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _SIZE_UNITS or float(m.group(1)) <= 0:
-        raise click.BadParameter(f"{text!r} is not a size (e.g. 8GiB, 500MB, 123456 bytes)", param_hint=option)
+        raise DproInputError(None, f"{option}: {text!r} is not a size (e.g. 8GiB, 500MB, 123456 bytes)")
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
@@ -152,11 +152,16 @@ def replay(
 @click.option("--result", "results", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
               help="A JSON result to add as a section (e.g. a what-if's --json); its lists of "
                    "{devices|workers, iteration_us} points are drawn as a scaling curve. Repeatable.")
+@click.option("--whatif", "whatif_workers", default=None, metavar="N1,N2,..",
+              help="Add the scale-out what-if for these worker counts (dpro whatif --workers; docs/whatif.md).")
+@click.option("--oracle", "oracle_devices", default=None, metavar="N1,N2,..",
+              help="Add dpro oracle's strategies for these device counts (needs dpro's recorder; docs/oracle.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON object.")
 @click.option("--no-align", is_flag=True, help="Keep every node's recorded clock (no clock alignment across hosts).")
 @_rank_opt
 def report(path: Path, output: Path, run_optimize: bool, budget: float, png_dir: Path | None,
-           results: tuple[Path, ...], as_json: bool, no_align: bool, rank_pattern: str) -> None:
+           results: tuple[Path, ...], whatif_workers: str | None, oracle_devices: str | None, as_json: bool,
+           no_align: bool, rank_pattern: str) -> None:
     """Write one self-contained HTML report of the job traced in PATH.
 
     \b
@@ -181,6 +186,24 @@ def report(path: Path, output: Path, run_optimize: bool, budget: float, png_dir:
             raise DproInputError(f, "expected a JSON object (a result's --json)")
         extra[f.stem] = JsonResult(obj)
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
+    if whatif_workers is not None:
+        from dpro.whatif.platform import parse_workers
+        from dpro.whatif.scaleout import Cluster, predict
+
+        try:
+            counts = parse_workers(whatif_workers)
+        except ValueError as e:
+            raise DproInputError(None, f"--whatif: {e}") from None
+        extra["what-if: scale-out"] = predict(job, [Cluster(workers=n) for n in counts])
+    if oracle_devices is not None:
+        from dpro.oracle import run_oracle
+
+        counts = []
+        for t in oracle_devices.split(","):
+            if not t.strip().isdigit() or int(t) < 1:
+                raise DproInputError(None, f"--oracle: {t.strip()!r} is not a device count >= 1")
+            counts.append(int(t))
+        extra["oracle"] = run_oracle(job, counts)
     opt = None
     if run_optimize:
         with progress_pulse("optimizing") as tick:
@@ -443,12 +466,12 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
     counts = []
     for t in devices.split(","):
         if not t.strip().isdigit() or int(t) < 1:
-            raise click.BadParameter(f"{t.strip()!r} is not a device count >= 1", param_hint="--devices")
+            raise DproInputError(None, f"--devices: {t.strip()!r} is not a device count >= 1")
         counts.append(int(t))
     if batch is not None and batch < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--batch")
+        raise DproInputError(None, f"--batch {batch}: must be >= 1")
     if micro is not None and micro < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--micro")
+        raise DproInputError(None, f"--micro {micro}: must be >= 1")
     mem = parse_size(memory, "--memory") if memory is not None else None
     job = open_job(path, rank_pattern=rank_pattern)
     res = run_oracle(job, counts, batch=batch, memory_budget=mem, platform=platform, micro=micro,

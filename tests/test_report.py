@@ -131,3 +131,27 @@ def test_result_that_is_not_an_object_is_refused(run_cli, tmp_path: Path) -> Non
     bad.write_text("[1, 2]")
     rc, _, stderr = run_cli("report", BUNDLED, "-o", tmp_path / "r.html", "--result", bad)
     assert rc == 2 and "bad.json: expected a JSON object" in stderr
+
+
+def _page_data(page: str) -> dict:
+    start = page.index('<script type="application/json" id="dpro-data">') + len(
+        '<script type="application/json" id="dpro-data">')
+    return orjson.loads(page[start:page.index("</script>", start)].replace("<\\/", "</"))
+
+
+def test_cli_whatif_and_oracle_sections(run_cli, tmp_path: Path) -> None:
+    """`--whatif` adds the scale-out curve (one series); `--oracle` one curve per feasible strategy."""
+    out = tmp_path / "w.html"
+    rc, _, err = run_cli("report", BUNDLED, "-o", out, "--whatif", "2,4,8")
+    assert rc == 0, err
+    d = _page_data(out.read_text())
+    assert [p["devices"] for p in d["scaling"]] == [2, 4, 8]
+    assert d["extra"]["what-if: scale-out"]["scaling"][0]["workers"] == 2
+    oracle_trace = Path(__file__).resolve().parent / "data" / "oracle_cnn"
+    rc, _, err = run_cli("report", oracle_trace, "-o", tmp_path / "o.html", "--oracle", "2,4")
+    assert rc == 0, err
+    d = _page_data((tmp_path / "o.html").read_text())
+    feasible = {(s["strategy"], s["devices"]) for s in d["extra"]["oracle"]["strategies"] if s["feasible"]}
+    assert {(p["series"].rsplit(": ", 1)[1], p["devices"]) for p in d["scaling"]} == feasible
+    rc, _, err = run_cli("report", BUNDLED, "-o", tmp_path / "x.html", "--whatif", "0")
+    assert rc == 2 and "--whatif" in err and len(err.strip().splitlines()) == 1

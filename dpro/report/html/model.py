@@ -130,14 +130,21 @@ def bucket_sweep(o: OptimizeResult, points: int = 24) -> list[dict] | None:
 
 def scaling_points(obj: Any) -> list[dict]:
     """Every list of ``{"devices" | "workers": N, "iteration_us": t}`` points in a result's
-    JSON (searched recursively), as ``{"series", "devices", "iteration_us"}`` rows."""
+    JSON (searched recursively), as ``{"series", "devices", "iteration_us"}`` rows; points
+    that name a ``strategy`` (the oracle's) make one series per strategy, infeasible ones
+    are left out."""
     rows: list[dict] = []
 
     def walk(x: Any, path: str) -> None:
         if isinstance(x, list) and x and all(isinstance(p, dict) and "iteration_us" in p
                                              and ("devices" in p or "workers" in p) for p in x):
             for p in x:
-                rows.append({"series": path or "scaling", "devices": p.get("devices", p.get("workers")),
+                if p.get("feasible") is False or p["iteration_us"] is None:
+                    continue  # an oracle strategy beyond its limit has no time to draw
+                series = path or "scaling"
+                if "strategy" in p:  # the oracle: one curve per strategy
+                    series = f"{series}: {p['strategy']}"
+                rows.append({"series": series, "devices": p.get("devices", p.get("workers")),
                              "iteration_us": p["iteration_us"]})
         elif isinstance(x, dict):
             for k, v in x.items():
