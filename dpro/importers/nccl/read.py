@@ -267,7 +267,7 @@ def read_plugin_dir(path: str | Path) -> list[PluginFile]:
         return [read_plugin_file(path)]
     if not path.is_dir():
         raise DproInputError(path, "no such file or directory")
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith((".jsonl", ".jsonl.gz")))
+    files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))  # each read or reported
     if not files:
         raise DproInputError(path, "no NCCL plugin traces (*.jsonl) in this directory")
     return [read_plugin_file(p) for p in files]

@@ -11,7 +11,6 @@ trace and attributes each block to the DFG op that allocated it and the op that 
 from __future__ import annotations
 
 import bisect
-import gzip
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import orjson
 
 from dpro.contracts.recording import MEMORY_VERSION, TORCH_STEP_PREFIX, MetaKey
 from dpro.errors import DproInputError
+from dpro.jsonio import read_bytes
 
 if TYPE_CHECKING:
     from dpro.gtrace.schema import NodeTrace
@@ -76,11 +76,7 @@ def attach_allocations(nt: "NodeTrace", rank_file: Path, facts: dict | None = No
 
     Returns the memory dict, or None when the trace holds no allocation events.
     """
-    try:
-        with gzip.open(rank_file, "rb") as f:
-            data = f.read()
-    except OSError:
-        data = Path(rank_file).read_bytes()
+    data = read_bytes(Path(rank_file))  # regular files only, bounded (dpro.jsonio)
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as e:

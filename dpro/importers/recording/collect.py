@@ -25,7 +25,7 @@ from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
 from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.kineto import import_kineto
 from dpro.importers.recording.allocations import attach_allocations
-from dpro.jsonio import read_json
+from dpro.jsonio import read_json, regular_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
                     raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
                 raise DproInputError(f, f"also in {seen[f.name].parent}: two hosts recorded the same rank or server")
             seen[f.name] = f
+            if problem := regular_file_problem(f):  # never copy a FIFO or a device
+                raise DproInputError(f, problem)
             shutil.copy2(f, dest / f.name)
 
 
