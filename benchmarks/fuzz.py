@@ -1,0 +1,78 @@
+"""The long fuzzing run of issue #32: mutated real inputs of every format through every
+reading command; prints counts per outcome and per command (tests/fuzz/fuzzlib.py says
+what each outcome means) and the cases that went wrong.
+
+Usage: python benchmarks/fuzz.py [--cases 10000] [--seed 1] [--jobs 2] [--subprocess-every 50]
+                                 [--work /tmp/dpro-fuzz] [--json results.json]
+
+Cases run in-process (click's CliRunner, SIGALRM timeout) in ``--jobs`` worker processes;
+every ``--subprocess-every``-th case runs as a real ``python -m dpro.cli`` process instead.
+Exit status 1 when any case ended in a bad outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing as mp
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fuzz"))
+sys.path.insert(0, str(REPO))
+
+import fuzzlib  # noqa: E402
+
+
+def _worker(args: tuple[int, int, int, int, str, int]) -> list[dict]:
+    start, step, n, base, work, sub_every = args
+    res = fuzzlib.campaign(n, base, Path(work) / f"w{start}", subprocess_every=sub_every, start=start, step=step)
+    return [asdict(r) for r in res]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--subprocess-every", type=int, default=50)
+    ap.add_argument("--work", default="/tmp/dpro-fuzz")
+    ap.add_argument("--json", dest="json_out", default=None, help="Write every case's result here.")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    parts = [(j, a.jobs, a.cases, a.seed, a.work, a.subprocess_every) for j in range(a.jobs)]
+    with mp.get_context("fork").Pool(a.jobs) as pool:
+        results = [r for part in pool.map(_worker, parts) for r in part]
+    wall = time.perf_counter() - t0
+    by_outcome = collections.Counter(r["outcome"] for r in results)
+    by_cmd: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in results:
+        by_cmd[r["command"]][r["outcome"]] += 1
+    modes = collections.Counter(r["mode"] for r in results)
+    seeds = collections.Counter(r["seed"] for r in results)
+    print(f"{len(results)} cases, seed {a.seed}, {a.jobs} jobs, {wall:.0f} s wall "
+          f"({modes['in-process']} in-process, {modes['subprocess']} in subprocesses)")
+    print("outcomes: " + ", ".join(f"{k} {by_outcome.get(k, 0)}" for k in ("clean-error", "success", *fuzzlib.BAD_OUTCOMES)))
+    width = max(len(c) for c in by_cmd)
+    cols = ("clean-error", "success", *fuzzlib.BAD_OUTCOMES)
+    print(f"{'command':<{width}}  " + "  ".join(f"{c:>13}" for c in cols))
+    for cmd in sorted(by_cmd):
+        print(f"{cmd:<{width}}  " + "  ".join(f"{by_cmd[cmd].get(c, 0):>13}" for c in cols))
+    print("seeds: " + ", ".join(f"{k} {v}" for k, v in sorted(seeds.items())))
+    muts = collections.Counter(m.split(":")[0] for r in results for m in r["mutations"])
+    print("mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(muts.items())))
+    bad = [r for r in results if r["outcome"] in fuzzlib.BAD_OUTCOMES]
+    for r in bad[:50]:
+        print(f"BAD {r['outcome']}: {r['seed']} {r['command']} {r['mutations']}: {r['detail']}")
+    if a.json_out:
+        import orjson
+
+        Path(a.json_out).write_bytes(orjson.dumps(results))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
