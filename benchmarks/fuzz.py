@@ -25,11 +25,19 @@ sys.path.insert(0, str(REPO / "tests" / "fuzz"))
 sys.path.insert(0, str(REPO))
 
 import fuzzlib  # noqa: E402
+import orjson  # noqa: E402
 
 
 def _worker(args: tuple[int, int, int, int, str, int]) -> list[dict]:
     start, step, n, base, work, sub_every = args
-    res = fuzzlib.campaign(n, base, Path(work) / f"w{start}", subprocess_every=sub_every, start=start, step=step)
+    log = (Path(work) / f"w{start}.jsonl").open("ab")  # one line per case as it ends (a cut run can be read)
+
+    def note(r: fuzzlib.Result) -> None:
+        log.write(orjson.dumps(asdict(r)) + b"\n")
+        log.flush()
+
+    res = fuzzlib.campaign(n, base, Path(work) / f"w{start}", subprocess_every=sub_every, start=start, step=step,
+                           progress=note)
     return [asdict(r) for r in res]
 
 
@@ -43,6 +51,7 @@ def main() -> None:
     ap.add_argument("--json", dest="json_out", default=None, help="Write every case's result here.")
     a = ap.parse_args()
     t0 = time.perf_counter()
+    Path(a.work).mkdir(parents=True, exist_ok=True)
     parts = [(j, a.jobs, a.cases, a.seed, a.work, a.subprocess_every) for j in range(a.jobs)]
     with mp.get_context("fork").Pool(a.jobs) as pool:
         results = [r for part in pool.map(_worker, parts) for r in part]
@@ -68,8 +77,6 @@ def main() -> None:
     for r in bad[:50]:
         print(f"BAD {r['outcome']}: {r['seed']} {r['command']} {r['mutations']}: {r['detail']}")
     if a.json_out:
-        import orjson
-
         Path(a.json_out).write_bytes(orjson.dumps(results))
     sys.exit(1 if bad else 0)
 
