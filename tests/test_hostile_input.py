@@ -295,6 +295,14 @@ def test_every_rank_file_is_read_or_reported(make, why: str, kineto_dir: Path, r
     assert f"{bad}: " in caplog.text and why in caplog.text and "skipped (--allow-missing-ranks)" in caplog.text
 
 
+def test_unlisted_node_file_is_reported(gtrace_dir: Path, run_cli, caplog) -> None:
+    """A node file of a gTrace directory that its manifest does not list is said, not dropped silently."""
+    (gtrace_dir / "worker7.events.json.gz").write_bytes((gtrace_dir / "worker1.events.json.gz").read_bytes())
+    code, out, err = run_cli("validate", gtrace_dir)
+    assert code == 0, err
+    assert f"{gtrace_dir / 'worker7.events.json.gz'}: not listed in manifest.json; ignored" in caplog.text
+
+
 def test_two_nodes_cannot_share_an_events_file(gtrace_dir: Path, run_cli) -> None:
     edit(gtrace_dir / MANIFEST, lambda m: m["nodes"][1].update(events=m["nodes"][0]["events"]))
     one_line_error(run_cli("validate", gtrace_dir), "nodes 'worker0' and 'worker1' share the file 'worker0.events.json.gz'")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dpro.errors import DproInputError, brief
+from dpro.errors import DproInputError, brief, one_line
 from dpro.gtrace.schema import (
     CATEGORIES,
     FORMAT_NAME,
@@ -28,6 +28,8 @@ from dpro.jsonio import check_writable_dir, dump_json, read_json, regular_file_p
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+#: names of the per-node files of a gTrace directory (docs/gtrace.md)
+_NODE_FILE_SUFFIXES = (".events.json", ".events.json.gz", ".dfg.json", ".dfg.json.gz")
 
 
 def is_gtrace(path: Path) -> bool:
@@ -272,6 +274,13 @@ def load_gtrace(root: str | Path) -> GTrace:
                 raise DproInputError(f, f"links outside the trace directory ({MANIFEST} lists it for node '{info.name}')")
             parse(f, nt)
         nodes[info.name] = nt
+    listed = {str(PurePosixPath(n.events)) for n in manifest.nodes} | {str(PurePosixPath(n.dfg)) for n in manifest.nodes}
+    try:
+        unlisted = sorted(p.name for p in root.iterdir() if p.name.endswith(_NODE_FILE_SUFFIXES) and p.name not in listed)
+    except OSError:
+        unlisted = []
+    for name in unlisted:  # a node file the manifest does not list: said, not silently dropped
+        log.warning("%s", one_line(f"{root / name}: not listed in {MANIFEST}; ignored"))
     gt = GTrace(manifest=manifest, nodes=nodes, source=str(root))
     validate(gt)
     return gt
