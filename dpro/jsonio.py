@@ -30,8 +30,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 #: default bound on what one input file may hold once decompressed (``--max-input-bytes``)
 DEFAULT_MAX_INPUT_BYTES = 2 * 2**30
-#: deepest nesting of lists/objects accepted in an input file (no trace format needs more)
-MAX_DEPTH = 64
+#: deepest nesting of lists/objects accepted in an input file: orjson's own limit when it
+#: encodes (no trace format needs more than a few levels)
+MAX_DEPTH = 255
+_SLICE = 10_000
 _CHUNK = 1 << 20
 
 
@@ -70,7 +72,7 @@ def _kind(mode: int) -> str:
                        (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return what
-    return "not a regular file"
+    return "some other kind of file"
 
 
 def regular_file_problem(path: Path) -> str | None:
@@ -146,21 +148,29 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
-def too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
-    """True when lists/objects nest more than ``limit`` levels (checked without recursion)."""
-    level = [obj]
-    for _ in range(limit):
-        nxt: list = []
-        for o in level:
-            t = type(o)
-            if t is dict:
-                nxt += [v for v in o.values() if type(v) is dict or type(v) is list]
-            elif t is list:
-                nxt += [v for v in o if type(v) is dict or type(v) is list]
-        if not nxt:
-            return False
-        level = nxt
+def _encodable(x: Any) -> bool:
+    try:
+        orjson.dumps(x)
+    except orjson.JSONEncodeError:  # for parsed JSON, only "Recursion limit reached"
+        return False
     return True
+
+
+def too_deep(obj: Any) -> bool:
+    """True when lists/objects nest more than :data:`MAX_DEPTH` levels.
+
+    orjson checks it (in C, no Python recursion) while encoding, which is also exactly
+    what must hold for dpro to write the data again; a long top-level list is encoded in
+    slices of 10,000 items so the check never holds a copy of the whole file.
+    """
+    parts = list(obj.values()) if isinstance(obj, dict) else [obj]
+    for part in parts:
+        if isinstance(part, list) and len(part) > _SLICE:
+            if not all(_encodable(part[i:i + _SLICE]) for i in range(0, len(part), _SLICE)):
+                return True
+        elif not _encodable(part):
+            return True
+    return False
 
 
 def parse_json(path: Path, raw: bytes) -> Any:

@@ -82,7 +82,7 @@ def test_deeply_nested_value_is_a_clean_error(field: str, cmd: str, kineto_dir: 
     f = kineto_dir / "rank0.json"
     f.write_bytes(f.read_bytes().replace(b'"@NESTED@"', b"[" * 1000 + b"1" + b"]" * 1000, 1))
     args = ("import", "kineto", kineto_dir, "-o", tmp_path / "out") if cmd == "import" else (cmd, kineto_dir)
-    one_line_error(run_cli(*args), str(kineto_dir / "rank0.json"), "nested more than 64 deep")
+    one_line_error(run_cli(*args), str(kineto_dir / "rank0.json"), "nested more than 255 deep")
     assert not (tmp_path / "out").exists()
 
 

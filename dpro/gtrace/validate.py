@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
-
-import math
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
 from dpro.jsonio import current_read_options
-
 
 #: times (ts, ts + dur) must stay below 2^53 µs (285 years): float64 holds them to the µs
 MAX_TIME_US = float(2**53)
