@@ -420,3 +420,22 @@ def test_input_is_left_unchanged(gtrace_dir: Path, tmp_path: Path, run_cli) -> N
     before = snapshot(gtrace_dir)
     one_line_error(run_cli("align", gtrace_dir, "-o", tmp_path / "OUT"))
     assert snapshot(gtrace_dir) == before
+
+
+@pytest.mark.parametrize("make,why", [(_broken, "broken symbolic link"), (_zero, "character device"), (_fifo, "FIFO")],
+                         ids=["broken-link", "dev-zero", "fifo"])
+def test_recording_timeline_is_read_or_reported(make, why: str, tmp_path: Path, run_cli) -> None:
+    """A Horovod timeline that is not a regular file was ignored by `dpro collect` (found by
+    the fuzzer, benchmarks/fuzz.py): now an error naming it."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "golden" / "recordings" / "horovod_torch_mlp" / "raw"
+    if not src.is_dir():
+        pytest.skip("no Horovod recording")
+    raw = tmp_path / "raw"
+    shutil.copytree(src, raw)
+    (raw / "horovod_timeline.json").unlink()
+    make(raw / "horovod_timeline.json")
+    with deadline():
+        one_line_error(run_cli("collect", raw, "-o", tmp_path / "OUT"), str(raw / "horovod_timeline.json"), why)
+    assert not (tmp_path / "OUT").exists()

@@ -46,6 +46,8 @@ from pathlib import Path
 
 import orjson
 
+from dpro.errors import one_line
+
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 REPO = TESTS.parent
@@ -345,6 +347,7 @@ class Result:
     detail: str = ""
     seconds: float = 0.0
     mode: str = "in-process"
+    index: int = -1
 
 
 @dataclass
@@ -537,7 +540,8 @@ def run_case(seed: Seed, index: int, base_seed: int, work: Path, *, subprocess_m
         _install_hook()
     code, stdout, stderr, exc, logs = runner(args, timeout)
     secs = time.perf_counter() - t0
-    res = Result(seed.name, command, muts, "", seconds=secs, mode="subprocess" if subprocess_mode else "in-process")
+    res = Result(seed.name, command, muts, "", seconds=secs, mode="subprocess" if subprocess_mode else "in-process",
+                 index=index)
     after = _listing(sandbox, (out,))
     changed = sorted(set(before.items()) ^ set(after.items()))
     changed = [c for c in changed if not Path(c[0]).name.startswith(".OUT.")]  # our leftover-tmp mutation, cleaned
@@ -558,7 +562,9 @@ def run_case(seed: Seed, index: int, base_seed: int, work: Path, *, subprocess_m
     elif bad := _outside_reads(opened, inp, sandbox, links_ok):
         res.outcome, res.detail = "escape", f"read outside the input: {bad[0]}"
     elif code != 0:
-        lines = stderr.splitlines()
+        # a real process also prints the warnings logged before the error (e.g. a rank file
+        # skipped under --allow-missing-ranks), each on its own line, before it
+        lines = [ln for ln in stderr.splitlines() if not (subprocess_mode and ln.startswith("WARNING dpro."))]
         if code == 2 and len(lines) == 1 and lines[0].startswith("dpro: error: "):
             res.outcome, res.detail = "clean-error", lines[0][:200]
         else:
@@ -595,8 +601,8 @@ def _silent_skips(seed: Seed, inp: Path, opened: list[str], said: str) -> list[s
             continue
         if seed.kind == "recording" and not p.name.startswith(("rank", "horovod")):
             continue
-        if str(p) in opened_abs or p.name in said or str(p) in said:
-            continue
+        if str(p) in opened_abs or any(x in said for x in (p.name, str(p), one_line(p.name))):
+            continue  # read, or named in the output (as messages print it: control characters escaped)
         out.append(p.name)
     return out
 

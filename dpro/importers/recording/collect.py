@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -55,7 +56,7 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
         files = rank_files(d)
         if not files:
             raise DproInputError(d, f"holds no {RANK_TRACE_GLOB} traces")
-        timeline = [d / TIMELINE_NAME] if (d / TIMELINE_NAME).is_file() else []
+        timeline = [d / TIMELINE_NAME] if os.path.lexists(d / TIMELINE_NAME) else []  # (copied only if regular)
         servers = sorted(d.glob(SERVER_GLOB))  # MXNet parameter servers (dpro/profiler/mxnet/server.py)
         for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers:
             if f.name in seen:
@@ -164,7 +165,9 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
         if not isinstance(ws, int) or isinstance(ws, bool) or not 0 <= ws <= MAX_WORLD_SIZE:
             raise DproInputError(meta_files[next(iter(metas))], f"world_size {str(ws)[:30]} is out of range (1 to {MAX_WORLD_SIZE})")
         gt.manifest.world_size = max(gt.manifest.world_size, ws)
-    if (raw / TIMELINE_NAME).is_file():  # a Horovod job: its collectives are in rank 0's timeline
+    if os.path.lexists(raw / TIMELINE_NAME):  # a Horovod job: its collectives are in rank 0's timeline
+        if problem := regular_file_problem(raw / TIMELINE_NAME):  # said, never skipped silently
+            raise DproInputError(raw / TIMELINE_NAME, problem)
         apply_horovod_timeline(gt, raw / TIMELINE_NAME, raw, metas)
     nccl = raw / NCCL_DIR
     if nccl.is_dir() and any(nccl.glob(NCCL_TRACE_GLOB)):  # dpro's NCCL plugin was loaded
