@@ -439,3 +439,23 @@ def test_recording_timeline_is_read_or_reported(make, why: str, tmp_path: Path, 
     with deadline():
         one_line_error(run_cli("collect", raw, "-o", tmp_path / "OUT"), str(raw / "horovod_timeline.json"), why)
     assert not (tmp_path / "OUT").exists()
+
+
+def test_recording_timeline_nested_deep(tmp_path: Path, run_cli) -> None:
+    """A Horovod timeline record nested 1,000 deep hit a RecursionError (timeline.py reads it
+    with its own salvaging parser; found by the fuzzer): now the timeline is refused like any
+    unusable timeline, and the output says so."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "golden" / "recordings" / "horovod_torch_mlp" / "raw"
+    if not src.is_dir():
+        pytest.skip("no Horovod recording")
+    raw = tmp_path / "raw"
+    shutil.copytree(src, raw)
+    tl = raw / "horovod_timeline.json"
+    text = tl.read_bytes()
+    i = text.index(b'"ph"')
+    tl.write_bytes(text[:i] + b'"ph": ' + b"[" * 1000 + b"1" + b"]" * 1000 + b', "was_ph"' + text[i + 4:])
+    code, out, err = run_cli("collect", raw, "-o", tmp_path / "OUT")
+    assert code == 0, err
+    assert "horovod timeline not used" in out and "nested more than 255 deep" in out
