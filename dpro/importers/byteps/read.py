@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from dpro.errors import DproInputError
+from dpro.errors import DproInputError, brief
 from dpro.jsonio import read_bytes, read_json, regular_file_problem
 
 #: BytePS ``QueueType`` names in their enum order, which is also the order a partition
@@ -72,7 +72,7 @@ def read_comm_json(path: Path) -> RankComm:
         pid, name, tid, ts, dur = (e.get(k) for k in ("pid", "name", "tid", "ts", "dur"))
         where = f"traceEvents[{i}]"
         if not (isinstance(pid, str) and pid.startswith("Comm.") and isinstance(name, str)):
-            raise DproInputError(path, f"{where}: expected pid and name 'Comm.<tensor>...' (got pid {pid!r})")
+            raise DproInputError(path, f"{where}: expected pid and name 'Comm.<tensor>...' (got pid {brief(pid)})")
         if not _num(ts) or not _num(dur):
             raise DproInputError(path, f"{where} ({name}): 'ts'/'dur' missing or not numbers")
         if dur < 0:
@@ -84,7 +84,7 @@ def read_comm_json(path: Path) -> RankComm:
             rc.totals.setdefault(tensor, []).append((float(ts), float(dur)))
             continue
         if not (isinstance(tid, (str, int)) and not isinstance(tid, bool) and str(tid).isdigit()):
-            raise DproInputError(path, f"{where} ({name}): tid {tid!r} is neither 'total' nor a partition key")
+            raise DproInputError(path, f"{where} ({name}): tid {brief(tid)} is neither 'total' nor a partition key")
         stage = name[len(pid) + 1:] if name.startswith(pid + ".") else ""
         if stage not in STAGES:
             raise DproInputError(path, f"{where}: '{name}' does not end in a BytePS stage ({', '.join(STAGES)})")
@@ -136,7 +136,7 @@ def read_server_profile(path: Path) -> ServerProfile:
         name, ph, key, ts = e.get("name"), e.get("ph"), e.get("pid"), e.get("ts")
         m = re.fullmatch(r"(push|pull)-(\d+)", name) if isinstance(name, str) else None
         if m is None or ph not in ("B", "E"):
-            raise DproInputError(path, f"{where}: expected name 'push-<sender>'/'pull-<sender>' and ph B/E, got {name!r} {ph!r}")
+            raise DproInputError(path, f"{where}: expected name 'push-<sender>'/'pull-<sender>' and ph B/E, got {brief(name)} {brief(ph)}")
         if not isinstance(key, int) or isinstance(key, bool) or key < 0 or not _num(ts):
             raise DproInputError(path, f"{where} ({name}): 'pid' (the key) must be a non-negative integer and 'ts' a number")
         k = (key, int(m.group(2)), m.group(1))

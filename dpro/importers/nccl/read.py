@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from dpro.errors import DproInputError
+from dpro.errors import DproInputError, brief
 from dpro.jsonio import read_bytes
 
 FORMAT_NAME = "dpro-nccl-trace"
@@ -149,7 +149,7 @@ def _rel(v: object, base: int, where: str) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"{where}: not an integer time ({v!r})")
+        raise ValueError(f"{where}: not an integer time ({brief(v)})")
     return base + v
 
 
