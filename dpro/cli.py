@@ -209,7 +209,13 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
 
     with tempfile.TemporaryDirectory(prefix="dpro-merge-") as tmp:
         merge_dirs(list(dirs), Path(tmp))
-        gt = collect_raw(Path(tmp))
+        try:
+            gt = collect_raw(Path(tmp))
+        except DproInputError as e:  # name the user's file, not its merged copy
+            if not (e.path and Path(e.path).is_relative_to(tmp)):
+                raise
+            rel = Path(e.path).relative_to(tmp)
+            raise DproInputError(next((d / rel for d in dirs if os.path.lexists(d / rel)), dirs[0] / rel), e.problem) from None
     write_gtrace(gt, output, force=force)
     click.echo(f"wrote {output} ({len(gt.nodes)} ranks)")
     for note in gt.notes:

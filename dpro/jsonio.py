@@ -231,8 +231,14 @@ def print_json(obj: Any) -> None:
 
 
 def dump_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:
-    """Like write_json, but OSError escapes (for callers that report another path)."""
-    data = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    """Like write_json, but OSError escapes (for callers that report another path).
+
+    A value JSON cannot hold (an integer beyond 64 bits, nesting deeper than orjson's
+    limit) is a DproInputError naming ``path``: it can only come from the input."""
+    try:
+        data = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as e:
+        raise DproInputError(path, f"cannot write: {e} (a value out of range in the input)") from None
     if gz if gz is not None else path.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -459,3 +459,21 @@ def test_recording_timeline_nested_deep(tmp_path: Path, run_cli) -> None:
     code, out, err = run_cli("collect", raw, "-o", tmp_path / "OUT")
     assert code == 0, err
     assert "horovod timeline not used" in out and "nested more than 255 deep" in out
+
+
+def test_recorded_allocation_beyond_64_bits(tmp_path: Path, run_cli) -> None:
+    """A recorded allocation of 2^64-1 bytes crashed `dpro collect` writing its memory sums
+    (found by the fuzzer); now a clean error naming the user's file (not the merged copy)."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "golden" / "recordings" / "ddp_mlp" / "raw"
+    raw = tmp_path / "raw"
+    shutil.copytree(src, raw)
+
+    def huge(t):
+        next(e for e in t["traceEvents"] if e.get("name") == "[memory]")["args"]["Bytes"] = 2**64 - 1
+
+    edit(raw / "rank1.json.gz", huge)
+    one_line_error(run_cli("collect", raw, "-o", tmp_path / "OUT"), f"{raw / 'rank1.json.gz'}: a [memory] event",
+                   "out of range")
+    assert not (tmp_path / "OUT").exists()
