@@ -60,7 +60,12 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dpro")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-def cli(verbose: int) -> None:
+@click.option("--max-input-bytes", metavar="SIZE", envvar="DPRO_MAX_INPUT_BYTES", default="2GiB", show_default=True,
+              help="Refuse an input file larger than SIZE once decompressed (e.g. 8GiB).")
+@click.option("--allow-missing-ranks", is_flag=True, envvar="DPRO_ALLOW_MISSING_RANKS",
+              help="Go on with the ranks present when some are missing or unreadable (said in the output).")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, max_input_bytes: str, allow_missing_ranks: bool) -> None:
     """dpro: why is distributed training slow, and what will make it faster.
 
     \b
@@ -80,6 +85,11 @@ def cli(verbose: int) -> None:
     Times are in microseconds and sizes in bytes in every file and JSON output.
     """
     logging.basicConfig(level=logging.WARNING - 10 * verbose, format="%(levelname)s %(name)s: %(message)s")
+    from dpro.jsonio import current_read_options, read_options
+
+    limit = parse_size(max_input_bytes, "--max-input-bytes")
+    allow = allow_missing_ranks or current_read_options().allow_missing_ranks  # (a caller's own setting)
+    ctx.with_resource(read_options(max_input_bytes=limit, allow_missing_ranks=allow))
 
 
 @cli.command()
@@ -294,7 +304,13 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
 
     with tempfile.TemporaryDirectory(prefix="dpro-merge-") as tmp:
         merge_dirs(list(dirs), Path(tmp))
-        gt = collect_raw(Path(tmp))
+        try:
+            gt = collect_raw(Path(tmp))
+        except DproInputError as e:  # name the user's file, not its merged copy
+            if not (e.path and Path(e.path).is_relative_to(tmp)):
+                raise
+            rel = Path(e.path).relative_to(tmp)
+            raise DproInputError(next((d / rel for d in dirs if os.path.lexists(d / rel)), dirs[0] / rel), e.problem) from None
     write_gtrace(gt, output, force=force)
     click.echo(f"wrote {output} ({len(gt.nodes)} ranks)")
     for note in gt.notes:

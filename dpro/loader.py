@@ -8,6 +8,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.io import is_gtrace, load_gtrace
 from dpro.gtrace.schema import GTrace
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
+from dpro.jsonio import regular_file_problem
 
 
 def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, cache: bool | None = None,
@@ -27,6 +28,8 @@ def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, ca
         raise DproInputError(p, "no such file or directory")
     if is_gtrace(p):
         return load_gtrace(p)
+    if not p.is_dir() and (problem := regular_file_problem(p)):
+        raise DproInputError(p, problem)
     try:
         kineto = is_kineto_path(p)
     except OSError as e:

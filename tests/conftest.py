@@ -178,3 +178,13 @@ def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
 @pytest.fixture
 def snap():
     return snapshot
+
+
+@pytest.fixture
+def allow_missing_ranks():
+    """Read the way ``dpro --allow-missing-ranks`` does: the shared traces are often some
+    ranks of a bigger job (issue #32 made a missing rank an error by default)."""
+    from dpro.jsonio import read_options
+
+    with read_options(allow_missing_ranks=True):
+        yield

@@ -207,7 +207,7 @@ def _bad_step_type(d: Path):
         next(e for e in j["traceEvents"] if e["ph"] == "X" and e["cat"] != "STEP")["args"]["step"] = "two"
 
     edit(d / W1_EV, f)
-    return W1_EV, ["args.step 'two' is not an integer"]
+    return W1_EV, ["args.step 'two' is not a 64-bit integer"]
 
 
 def _negative_bytes(d: Path):
@@ -221,7 +221,7 @@ def _negative_bytes(d: Path):
 def _dfg_is_a_directory(d: Path):
     (d / W0_DFG).unlink()
     (d / W0_DFG).mkdir()
-    return W0_DFG, ["is a directory, expected a file"]
+    return W0_DFG, ["is a directory, expected a regular file"]
 
 
 GTRACE_CASES = {
@@ -431,12 +431,15 @@ def test_kineto_single_file_is_named(kineto_dir: Path, run_cli) -> None:
         assert line.startswith(f"dpro: error: {kineto_dir / 'rank0.json'}: ")
 
 
-def test_kineto_missing_rank_is_a_partial_trace_not_an_error(kineto_dir: Path, run_cli) -> None:
-    """Unlike a gTrace manifest naming absent files, a Kineto directory may hold some ranks only."""
+def test_kineto_missing_rank_is_an_error_unless_allowed(kineto_dir: Path, run_cli) -> None:
+    """A Kineto directory holding some ranks only is an error (issue #32); with
+    --allow-missing-ranks it is a partial trace, and the output says so."""
     (kineto_dir / "rank0.json").unlink()
-    code, out, err = run_cli("validate", kineto_dir)
+    assert_one_line_error(run_cli("validate", kineto_dir), "1 of 2 worker ranks present", "missing rank(s) 0",
+                          "--allow-missing-ranks")
+    code, out, err = run_cli("--allow-missing-ranks", "validate", kineto_dir)
     assert code == 0, err
-    assert "1 of 2 workers" in out and "collectives keep their measured durations" in out
+    assert "1 of 2 workers" in out and "1 of 2 ranks present: collectives keep their measured durations" in out
 
 
 # --------------------------------------------------------------------------- paths

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dpro.errors import DproInputError
+from dpro.errors import DproInputError, brief, one_line
 from dpro.gtrace.schema import (
     CATEGORIES,
     FORMAT_NAME,
@@ -22,16 +23,27 @@ from dpro.gtrace.schema import (
     Op,
     Tensor,
 )
-from dpro.jsonio import check_writable_dir, dump_json, read_json, write_dir_atomically
+from dpro.jsonio import check_writable_dir, dump_json, read_json, regular_file_problem, write_dir_atomically
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+#: names of the per-node files of a gTrace directory (docs/gtrace.md)
+_NODE_FILE_SUFFIXES = (".events.json", ".events.json.gz", ".dfg.json", ".dfg.json.gz")
 
 
 def is_gtrace(path: Path) -> bool:
-    """True when ``path`` is a directory holding a gTrace manifest."""
-    return path.is_dir() and (path / MANIFEST).is_file()
+    """True when ``path`` is a directory holding a gTrace manifest (of any file type: a
+    manifest that is a FIFO or a broken link is then reported as such, not ignored)."""
+    return path.is_dir() and os.path.lexists(path / MANIFEST)
+
+
+#: integers in a gTrace must fit a signed 64-bit integer
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_int64(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and INT64_MIN <= x <= INT64_MAX
 
 
 def _req(d: Any, key: str, typ: type | tuple[type, ...], where: Path, what: str) -> Any:
@@ -40,20 +52,38 @@ def _req(d: Any, key: str, typ: type | tuple[type, ...], where: Path, what: str)
     v = d[key]
     if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
         raise DproInputError(where, f"{what}: field '{key}' has the wrong type ({type(v).__name__})")
+    if typ is int and not _is_int64(v):
+        raise DproInputError(where, f"{what}: field '{key}' does not fit a 64-bit integer")
     return v
 
 
 def _int_list(d: Any, key: str, where: Path, what: str) -> list[int]:
     v = _req(d, key, list, where, what)
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise DproInputError(where, f"{what}: field '{key}' must be a list of integers")
+    if not all(_is_int64(x) for x in v):
+        raise DproInputError(where, f"{what}: field '{key}' must be a list of 64-bit integers")
     return v
+
+
+def _safe_name(name: str) -> bool:
+    """A relative file name that stays inside the gTrace directory."""
+    p = PurePosixPath(name)
+    return (bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name
+            and name.isprintable())
 
 
 def _file_name(n: Any, key: str, where: Path, what: str) -> str:
     v = _req(n, key, str, where, what)
     if not v:
         raise DproInputError(where, f"{what}: field '{key}' is empty")
+    if not _safe_name(v):
+        raise DproInputError(where, f"{what}: field '{key}' ('{v}') must name a file inside the trace directory")
+    return v
+
+
+def _node_name(n: Any, where: Path, what: str) -> str:
+    v = _req(n, "name", str, where, what)
+    if not v or not v.isprintable() or "/" in v or "\\" in v or v in (".", ".."):
+        raise DproInputError(where, f"{what}: node name '{v}' must be a plain name (no '/', '\\' or control characters)")
     return v
 
 
@@ -75,7 +105,7 @@ def _parse_manifest(path: Path) -> Manifest:
             raise DproInputError(path, f"{what}: unknown role '{role}'")
         nodes.append(
             NodeInfo(
-                name=_req(n, "name", str, path, what),
+                name=_node_name(n, path, what),
                 role=role,
                 rank=_req(n, "rank", int, path, what),
                 host=_req(n, "host", str, path, what),
@@ -89,6 +119,12 @@ def _parse_manifest(path: Path) -> Manifest:
     if len(set(names)) != len(names):
         dup = next(x for x in names if names.count(x) > 1)
         raise DproInputError(path, f"manifest lists node '{dup}' twice")
+    owner: dict[str, str] = {}
+    for n in nodes:
+        for f in (n.events, n.dfg):
+            other = owner.setdefault(str(PurePosixPath(f)), n.name)
+            if other != n.name or (f == n.events and n.events == n.dfg):
+                raise DproInputError(path, f"nodes '{other}' and '{n.name}' share the file '{f}'")
     world_size = _req(m, "world_size", int, path, "manifest")
     if world_size < 1:
         raise DproInputError(path, f"manifest: world_size {world_size} must be at least 1")
@@ -198,10 +234,10 @@ def _parse_events(path: Path, node: NodeTrace) -> None:
         if not _is_num(ts) or not _is_num(dur):
             raise DproInputError(path, f"traceEvents[{i}]: 'ts'/'dur' missing or not numbers")
         if dur < 0:
-            raise DproInputError(path, f"traceEvents[{i}] ({e.get('name')}): negative duration {dur}")
+            raise DproInputError(path, f"traceEvents[{i}] ({brief(e.get('name'))}): negative duration {brief(dur)}")
         step = args.get("step", -1)
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise DproInputError(path, f"traceEvents[{i}]: args.step {step!r} is not an integer")
+        if not _is_int64(step):
+            raise DproInputError(path, f"traceEvents[{i}]: args.step {brief(step)} is not a 64-bit integer")
         if e.get("cat") == "STEP":
             node.steps[step] = (float(ts), float(dur))
             continue
@@ -209,7 +245,7 @@ def _parse_events(path: Path, node: NodeTrace) -> None:
         if op is None:
             continue
         if not isinstance(op, str) or op not in node.ops:
-            raise DproInputError(path, f"traceEvents[{i}]: op {op!r} is not in the node's DFG")
+            raise DproInputError(path, f"traceEvents[{i}]: op {brief(op)} is not in the node's DFG")
         node.events.append(Event(op=op, step=step, ts=float(ts), dur=float(dur)))
     if not node.events:
         raise DproInputError(path, "empty trace: no op events")
@@ -226,14 +262,25 @@ def load_gtrace(root: str | Path) -> GTrace:
         raise DproInputError(root, f"not a gTrace directory (no {MANIFEST})")
     manifest = _parse_manifest(root / MANIFEST)
     nodes: dict[str, NodeTrace] = {}
+    inside = root.resolve()
     for info in manifest.nodes:
         nt = NodeTrace(info=info)
         for fname, parse in ((info.dfg, _parse_dfg), (info.events, _parse_events)):
             f = root / fname
-            if not f.exists():
-                raise DproInputError(f, f"file not found ({MANIFEST} lists it for node '{info.name}')")
+            problem = regular_file_problem(f)
+            if problem:
+                raise DproInputError(f, f"{problem} ({MANIFEST} lists it for node '{info.name}')")
+            if not f.resolve().is_relative_to(inside):
+                raise DproInputError(f, f"links outside the trace directory ({MANIFEST} lists it for node '{info.name}')")
             parse(f, nt)
         nodes[info.name] = nt
+    listed = {str(PurePosixPath(n.events)) for n in manifest.nodes} | {str(PurePosixPath(n.dfg)) for n in manifest.nodes}
+    try:
+        unlisted = sorted(p.name for p in root.iterdir() if p.name.endswith(_NODE_FILE_SUFFIXES) and p.name not in listed)
+    except OSError:
+        unlisted = []
+    for name in unlisted:  # a node file the manifest does not list: said, not silently dropped
+        log.warning("%s", one_line(f"{root / name}: not listed in {MANIFEST}; ignored"))
     gt = GTrace(manifest=manifest, nodes=nodes, source=str(root))
     validate(gt)
     return gt
@@ -261,12 +308,6 @@ def node_events_json(nt: NodeTrace, pid: int) -> dict:
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def _safe_name(name: str) -> bool:
-    """A relative file name that stays inside the gTrace directory."""
-    p = PurePosixPath(name)
-    return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name
-
-
 def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bool = True) -> Path:
     """Write ``gt`` as a gTrace directory.
 
@@ -288,12 +329,15 @@ def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bo
             raise DproInputError(root, f"manifest lists node '{info.name}' but the trace has no data for it")
 
     def fill(tmp: Path) -> None:
+        used: set[str] = {MANIFEST}
         for pid, info in enumerate(gt.manifest.nodes):
             nt = gt.nodes[info.name]
-            if not _safe_name(info.events):
-                info.events = f"{info.name}.events.json.gz"
-            if not _safe_name(info.dfg):
-                info.dfg = f"{info.name}.dfg.json.gz"
+            base = info.name if _safe_name(info.name) and "/" not in info.name else f"node{pid}"
+            if not _safe_name(info.events) or info.events in used:
+                info.events = f"{base}.events.json.gz"
+            if not _safe_name(info.dfg) or info.dfg in used:
+                info.dfg = f"{base}.dfg.json.gz"
+            used |= {info.events, info.dfg}
             dump_json(tmp / info.events, node_events_json(nt, pid))
             dfg = {"ops": [o.to_json() for o in nt.ops.values()], "edges": [list(e) for e in nt.edges]}
             if nt.tensors:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
+from dpro.jsonio import current_read_options
+
+#: times (ts, ts + dur) must stay below 2^53 µs (285 years): float64 holds them to the µs
+MAX_TIME_US = float(2**53)
+#: byte counts and step numbers must fit a signed 64-bit integer
+INT64_MAX = 2**63 - 1
+#: the largest world_size accepted (a bigger one is a corrupt manifest, not a job)
+MAX_WORLD_SIZE = 2**17
 
 #: producer sub-op -> consumer sub-op, paired by transaction id across nodes.
 PAIRS = {"SEND": "RECV", "PUSH_REQ": "PUSH_RES", "PULL_REQ": "PULL_RES"}
@@ -81,6 +90,62 @@ def check_references(gt: GTrace) -> None:
                 raise _error(gt, name, "events", f"an event names op '{ev.op}', which is not in the node's DFG")
             if not ev.dur >= 0:
                 raise _error(gt, name, "events", f"op '{ev.op}' (step {ev.step}): negative duration {ev.dur}")
+            if not (math.isfinite(ev.ts) and abs(ev.ts) + ev.dur < MAX_TIME_US):
+                raise _error(gt, name, "events", f"op '{ev.op}' (step {ev.step}): time {ev.ts:g} + {ev.dur:g} µs is out of "
+                             f"range (|ts| + dur must be below 2^53 µs)")
+            if not -INT64_MAX <= ev.step <= INT64_MAX:
+                raise _error(gt, name, "events", f"op '{ev.op}': step number does not fit a 64-bit integer")
+        for step, (ts, dur) in nt.steps.items():
+            if not (-INT64_MAX <= step <= INT64_MAX and math.isfinite(ts) and dur >= 0 and abs(ts) + dur < MAX_TIME_US):
+                raise _error(gt, name, "events", f"step marker {step if abs(step) < 10**30 else '(huge)'}: step number, "
+                             f"time or duration out of range")
+        for op in nt.ops.values():
+            if op.bytes is not None and not 0 <= op.bytes <= INT64_MAX:
+                raise _error(gt, name, "dfg", f"op '{op.id}': bytes out of range (0 to 2^63-1)")
+        for t in nt.tensors:
+            if not 0 <= t.bytes <= INT64_MAX or not all(0 <= x <= INT64_MAX for x in t.shape):
+                raise _error(gt, name, "dfg", f"tensor '{t.name}': bytes or shape out of range (0 to 2^63-1)")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f", ... ({len(ranks)} in all)" if len(ranks) > 8 else "")
+
+
+def _source(gt: GTrace) -> str:
+    return gt.source or str((gt.manifest.meta or {}).get("source") or "trace")
+
+
+def check_ranks(gt: GTrace) -> None:
+    """``world_size`` is plausible and every worker rank below it has a node; a missing rank
+    is an error unless ``allow_missing_ranks`` (then a note says so)."""
+    ws = gt.manifest.world_size
+    if not 1 <= ws <= MAX_WORLD_SIZE:
+        raise DproInputError(_source(gt), f"world_size {ws} is out of range (1 to {MAX_WORLD_SIZE})")
+    present = {nt.info.rank for nt in gt.nodes.values() if nt.info.role == "worker"}
+    missing = [r for r in range(ws) if r not in present]
+    if not missing:
+        return
+    what = f"{len(present)} of {ws} worker ranks present; missing rank(s) {_ranks_text(missing)}"
+    if not current_read_options().allow_missing_ranks:
+        raise DproInputError(_source(gt), f"{what} (use --allow-missing-ranks to go on with the ranks present)")
+    if not any(n.startswith(f"{len(present)} of {ws} ranks present") for n in gt.notes):  # the importer's own note
+        gt.notes.append(f"{len(present)} of {ws} ranks present (--allow-missing-ranks); missing rank(s) "
+                        f"{_ranks_text(missing)}")
+
+
+def check_steps(gt: GTrace) -> None:
+    """The manifest lists at least one step, and every step it lists is in the events."""
+    steps = gt.manifest.steps
+    if not steps:
+        held = {name: sorted(nt.steps)[:5] for name, nt in gt.nodes.items() if nt.info.role == "worker"}
+        raise DproInputError(_source(gt), f"no step is common to all ranks (steps per node: {held})")
+    held_any: set[int] = set()
+    for nt in gt.nodes.values():
+        held_any |= set(nt.steps)
+        held_any |= {ev.step for ev in nt.events}
+    absent = [s for s in steps if s not in held_any]
+    if absent:
+        raise DproInputError(_source(gt), f"the manifest lists step(s) {_ranks_text(absent)}, which no events hold")
 
 
 def check_transactions(gt: GTrace) -> None:
@@ -115,8 +180,8 @@ def check_transactions(gt: GTrace) -> None:
                     + (f" on peer rank {peer})" if peer is not None else ")"),
                 )
     for txn, ranks in coarse.items():
-        group = set(groups.get(txn) or range(gt.manifest.world_size))
-        missing = (group & present) - ranks
+        group = groups.get(txn)
+        missing = ({r for r in present if r in group} if group else {r for r in present if r < gt.manifest.world_size}) - ranks
         if missing:
             node, op_id = coarse_op[txn]
             raise _error(
@@ -128,6 +193,8 @@ def check_transactions(gt: GTrace) -> None:
 
 def validate(gt: GTrace) -> None:
     """Run every cross-file check; raises DproInputError on the first problem."""
+    check_ranks(gt)
     check_references(gt)
+    check_steps(gt)
     check_acyclic(gt)
     check_transactions(gt)

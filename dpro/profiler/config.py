@@ -34,24 +34,62 @@ class RecordConfig:
     host: str = ""
     enabled: bool = True
     after: int = DEFAULT_AFTER
+    #: why recording is off although not disabled on purpose (a bad ``DPRO_*`` value)
+    problem: str | None = None
 
     @classmethod
     def resolve(cls, out_dir: str | os.PathLike | None, warmup: int | None, steps: int | None) -> "RecordConfig":
-        """Arguments win over the environment, which wins over the defaults."""
+        """Arguments win over the environment, which wins over the defaults.
+
+        Bad arguments raise ValueError (a bug in the calling code); a bad ``DPRO_*``
+        environment value turns recording off with a ``problem`` that says why, so the
+        training job itself goes on.
+        """
         env = os.environ
-        w = warmup if warmup is not None else int(env.get(ENV_WARMUP, DEFAULT_WARMUP))
-        n = steps if steps is not None else int(env.get(ENV_STEPS, DEFAULT_STEPS))
-        if w < 0 or n < 1:
-            raise ValueError(f"dpro: need warmup >= 0 and steps >= 1 (got warmup={w}, steps={n})")
-        out = Path(out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT))
+        problems: list[str] = []
+        if (warmup is not None and warmup < 0) or (steps is not None and steps < 1):
+            raise ValueError(f"dpro: need warmup >= 0 and steps >= 1 (got warmup={warmup}, steps={steps})")
+        w = warmup if warmup is not None else _env_int(ENV_WARMUP, DEFAULT_WARMUP, 0, problems)
+        n = steps if steps is not None else _env_int(ENV_STEPS, DEFAULT_STEPS, 1, problems)
+        after = _env_int(ENV_AFTER_STEPS, DEFAULT_AFTER, 0, problems)
+        raw_out = out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT)
+        if not str(raw_out) or "\0" in str(raw_out):
+            problems.append(f"{ENV_TRACE_DIR}={str(raw_out)!r} is not a directory name")
+            raw_out = DEFAULT_OUT
+        host = env.get(ENV_HOST) or socket.gethostname()
+        if not host.isprintable() or len(host) > 255:
+            problems.append(f"{ENV_HOST}={host[:40]!r} is not a host name")
+            host = socket.gethostname()
         return cls(
-            out_dir=out,
+            out_dir=Path(raw_out),
             warmup=w,
             steps=n,
-            host=env.get(ENV_HOST) or socket.gethostname(),
-            enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes"),
-            after=max(0, int(env.get(ENV_AFTER_STEPS, DEFAULT_AFTER))),
+            host=host,
+            enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes") and not problems,
+            after=after,
+            problem="; ".join(problems) or None,
         )
+
+
+#: the most steps a window (or the calls timed after it) may span: more is a typo
+MAX_STEPS = 10**6
+
+
+def _env_int(name: str, default: int, minimum: int, problems: list[str]) -> int:
+    """``int(os.environ[name])`` checked to lie in ``minimum..MAX_STEPS``; else ``default``,
+    with the problem added to ``problems``."""
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        v = int(text.strip())
+    except ValueError:
+        problems.append(f"{name}={text[:40]!r} is not an integer")
+        return default
+    if not minimum <= v <= MAX_STEPS:
+        problems.append(f"{name}={v} is outside {minimum}..{MAX_STEPS}")
+        return default
+    return v
 
 
 def measure_compile_enabled() -> bool:

@@ -86,6 +86,8 @@ class Recorder:
         self._cpu_after = [0.0, 0.0]
         self._lock = threading.Lock()
         self._backend: Backend | None = None
+        if self.config.problem:
+            log.error("dpro: recording disabled: %s (the training goes on unprofiled)", self.config.problem)
         if self.config.enabled:
             try:
                 self._backend = _backend_for(model, self.config)
@@ -103,29 +105,49 @@ class Recorder:
     def window(self) -> range:
         return range(self.config.warmup, self.config.warmup + self.config.steps)
 
+    def _stop(self, what: str, e: BaseException) -> None:
+        """Recording failed (e.g. an unwritable trace directory, a full disk): say why,
+        once, and leave the training to run unprofiled."""
+        self.done = True
+        self._after = None
+        log.error("dpro: recording stopped: could not %s: %s: %s (the training goes on unprofiled)",
+                  what, type(e).__name__, e)
+        if self._backend is not None:
+            try:
+                self._backend.abort()
+            except Exception:  # noqa: BLE001 - never break the training job
+                log.debug("dpro: abort after a failure failed too", exc_info=True)
+
     def _begin(self) -> tuple[int, object] | None:
         i = self.calls
         self.calls += 1
         if self.done or i < self.config.warmup:
             return None
         assert self._backend is not None
-        if i == self.config.warmup:
-            self._backend.start()
-        return i, self._backend.step_begin(i)
+        try:
+            if i == self.config.warmup:
+                self._backend.start()
+            return i, self._backend.step_begin(i)
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._stop("start profiling" if i == self.config.warmup else f"profile step {i}", e)
+            return None
 
     def _end(self, state: tuple[int, object] | None, failed: bool) -> None:
         if state is None:
             return
         i, token = state
         assert self._backend is not None
-        self._backend.step_end(i, token)
+        try:
+            self._backend.step_end(i, token)
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._stop(f"profile step {i}", e)
+            return
         if failed or i == self.window.stop - 1:
             self.done = True
             try:
                 self._backend.stop_and_write()
             except Exception as e:  # noqa: BLE001 - never break the training job
-                log.error("dpro: could not write the trace: %s", e)
-                self._backend.abort()
+                self._stop(f"write the trace to {self.config.out_dir}", e)
                 return
             if not failed and self.config.after > 0 and getattr(self._backend, "meta_path", None) is not None:
                 self._after = []

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from dpro.errors import DproInputError
-from dpro.jsonio import read_bytes, read_json
+from dpro.errors import DproInputError, brief
+from dpro.jsonio import read_bytes, read_json, regular_file_problem
 
 #: BytePS ``QueueType`` names in their enum order, which is also the order a partition
 #: goes through them (byteps/common/common.h, GetPushQueueList/GetPullQueueList).
@@ -26,6 +26,9 @@ _BOUND_RE = re.compile(r"Partition size round up to (\d+) \(bytes\)")
 _TRAILING_INT = re.compile(r"(\d+)$")
 
 Interval = tuple[float, float]  # (ts, dur) µs
+#: the most partitions one tensor may have in a log (BytePS makes one per 4 MB by default)
+MAX_PARTS = 2**20
+INT64_MAX = 2**63 - 1
 
 
 @dataclass
@@ -69,7 +72,7 @@ def read_comm_json(path: Path) -> RankComm:
         pid, name, tid, ts, dur = (e.get(k) for k in ("pid", "name", "tid", "ts", "dur"))
         where = f"traceEvents[{i}]"
         if not (isinstance(pid, str) and pid.startswith("Comm.") and isinstance(name, str)):
-            raise DproInputError(path, f"{where}: expected pid and name 'Comm.<tensor>...' (got pid {pid!r})")
+            raise DproInputError(path, f"{where}: expected pid and name 'Comm.<tensor>...' (got pid {brief(pid)})")
         if not _num(ts) or not _num(dur):
             raise DproInputError(path, f"{where} ({name}): 'ts'/'dur' missing or not numbers")
         if dur < 0:
@@ -81,7 +84,7 @@ def read_comm_json(path: Path) -> RankComm:
             rc.totals.setdefault(tensor, []).append((float(ts), float(dur)))
             continue
         if not (isinstance(tid, (str, int)) and not isinstance(tid, bool) and str(tid).isdigit()):
-            raise DproInputError(path, f"{where} ({name}): tid {tid!r} is neither 'total' nor a partition key")
+            raise DproInputError(path, f"{where} ({name}): tid {brief(tid)} is neither 'total' nor a partition key")
         stage = name[len(pid) + 1:] if name.startswith(pid + ".") else ""
         if stage not in STAGES:
             raise DproInputError(path, f"{where}: '{name}' does not end in a BytePS stage ({', '.join(STAGES)})")
@@ -133,7 +136,7 @@ def read_server_profile(path: Path) -> ServerProfile:
         name, ph, key, ts = e.get("name"), e.get("ph"), e.get("pid"), e.get("ts")
         m = re.fullmatch(r"(push|pull)-(\d+)", name) if isinstance(name, str) else None
         if m is None or ph not in ("B", "E"):
-            raise DproInputError(path, f"{where}: expected name 'push-<sender>'/'pull-<sender>' and ph B/E, got {name!r} {ph!r}")
+            raise DproInputError(path, f"{where}: expected name 'push-<sender>'/'pull-<sender>' and ph B/E, got {brief(name)} {brief(ph)}")
         if not isinstance(key, int) or isinstance(key, bool) or key < 0 or not _num(ts):
             raise DproInputError(path, f"{where} ({name}): 'pid' (the key) must be a non-negative integer and 'ts' a number")
         k = (key, int(m.group(2)), m.group(1))
@@ -159,9 +162,16 @@ def read_sizes(root: Path, notes: list[str]) -> dict[str, tuple[list[int], int]]
     for f in sorted(root.rglob("*.log")):
         text = read_bytes(f).decode("utf-8", "replace")
         for m in _SIZE_RE.finditer(text):
-            tensors[m.group(1)] = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+            n, tot, first = (int(m.group(i)) if len(m.group(i)) <= 19 else -1 for i in (2, 3, 4))
+            if not (1 <= n <= min(tot, MAX_PARTS) and tot <= INT64_MAX and 0 <= first <= INT64_MAX):
+                raise DproInputError(f, f"tensor '{m.group(1)[:80]}': {m.group(2)[:20]} partitions of {m.group(3)[:20]} "
+                                        f"bytes at key {m.group(4)[:20]} is out of range (1 to {MAX_PARTS} partitions "
+                                        "of at least a byte, sizes and keys below 2^63)")
+            tensors[m.group(1)] = (n, tot, first)
         for m in _BOUND_RE.finditer(text):
-            bound = int(m.group(1))
+            bound = int(m.group(1)) if len(m.group(1)) <= 19 else 0
+            if not 1 <= bound <= INT64_MAX:
+                raise DproInputError(f, f"partition size {m.group(1)[:20]} is out of range (1 to 2^63-1 bytes)")
     if not tensors:
         return {}
     multi = [(n, tot) for n, tot, _ in tensors.values() if n > 1]
@@ -205,7 +215,11 @@ def discover(root: Path) -> tuple[dict[str, tuple[int, dict[int, Path]]], list[P
         machines = {d.name: (idx[d], ranks(d)) for d in dirs}
     if not machines:
         raise DproInputError(root, "no BytePS comm.json found (expected <local_rank>/comm.json or <machine>/<local_rank>/comm.json)")
-    servers = sorted(p for p in root.rglob("server*.json") if p.is_file())
+    servers = sorted(root.rglob("server*.json"))
+    for p in servers:
+        problem = regular_file_problem(p)
+        if problem:
+            raise DproInputError(p, f"{problem} (named like a server profile)")
     return machines, servers
 
 

@@ -58,7 +58,7 @@ from typing import Any, Iterator
 import orjson
 
 from dpro.errors import DproInputError
-from dpro.jsonio import read_bytes
+from dpro.jsonio import MAX_DEPTH, read_bytes, too_deep
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,15 @@ def _fail(path: Path, problem: str) -> DproInputError:
 
 
 def _decode_records(path: Path, raw: bytes) -> tuple[list[Any], bool]:
-    """The JSON array of records, tolerating a missing ``]`` / truncated last record."""
+    """The JSON array of records, tolerating a missing ``]`` / truncated last record;
+    nesting deeper than dpro.jsonio.MAX_DEPTH is refused (no recursion on input data)."""
+    data, partial = _decode_any(path, raw)
+    if too_deep(data):
+        raise _fail(path, f"lists/objects nested more than {MAX_DEPTH} deep")
+    return data, partial
+
+
+def _decode_any(path: Path, raw: bytes) -> tuple[list[Any], bool]:
     body = raw.strip()
     if not body:
         raise _fail(path, "empty file (Horovod writes nothing before the first collective operation)")

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpro.contracts.recording import META_SUFFIX
-from dpro.errors import DproInputError
-from dpro.jsonio import read_json
+from dpro.errors import DproInputError, brief, one_line
+from dpro.jsonio import current_read_options, read_json, regular_file_problem
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RANK_PATTERN = r"rank[-_]?(\d+)"
+#: bound on a raw event's ``ts + dur`` (µs, or ns in traces that say so): 2^62
+MAX_RAW_TIME = float(2**62)
 _TRACE_SUFFIXES = (".json", ".json.gz")
 #: Event categories the importer turns into ops (see segments.py); a rank file needs one.
 OP_CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime",
@@ -37,18 +42,32 @@ class RankFile:
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The Chrome-trace files under ``path`` (a file or a directory), sorted."""
-    if path.is_file():
-        return [path]
+    """The Chrome-trace files under ``path`` (a file or a directory), sorted.
+
+    A name like a trace file that is not a readable regular file (a directory, a broken
+    link, a FIFO, a device) is an error naming it, or with ``--allow-missing-ranks`` a
+    warning: no rank is dropped without a word.
+    """
     if not path.is_dir():
-        raise DproInputError(path, "no such file or directory")
+        problem = regular_file_problem(path)
+        if problem == "file not found":
+            raise DproInputError(path, "no such file or directory")
+        if problem:
+            raise DproInputError(path, problem)
+        return [path]
     try:
-        files = sorted(
-            p for p in path.iterdir()
-            if p.is_file() and p.name.endswith(_TRACE_SUFFIXES) and not p.name.endswith(META_SUFFIX)
-        )
+        named = sorted(p for p in path.iterdir() if p.name.endswith(_TRACE_SUFFIXES) and not p.name.endswith(META_SUFFIX))
     except OSError as e:
         raise DproInputError(path, f"cannot read directory: {e.strerror or e}") from None
+    files = []
+    for p in named:
+        problem = regular_file_problem(p)
+        if problem is None:
+            files.append(p)
+        elif current_read_options().allow_missing_ranks:
+            log.warning("%s", one_line(f"{p}: {problem}; skipped (--allow-missing-ranks)"))
+        else:
+            raise DproInputError(p, f"{problem} (named like a rank's trace; use --allow-missing-ranks to skip it)")
     if not files:
         raise DproInputError(path, "no trace files (*.json, *.json.gz) in this directory")
     return files
@@ -69,14 +88,16 @@ def _check_events(path: Path, evs: list) -> None:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         name = e.get("name")
-        what = f"traceEvents[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+        what = f"traceEvents[{i}]" + (f" ({name[:80]})" if isinstance(name, str) else "")
         ts, dur = e.get("ts"), e.get("dur", 0)
         if not _is_num(ts):
-            raise DproInputError(path, f"{what}: 'ts' is missing or not a number ({ts!r})")
+            raise DproInputError(path, f"{what}: 'ts' is missing or not a number ({brief(ts)})")
         if not _is_num(dur):
-            raise DproInputError(path, f"{what}: 'dur' is not a number ({dur!r})")
+            raise DproInputError(path, f"{what}: 'dur' is not a number ({brief(dur)})")
         if dur < 0:
-            raise DproInputError(path, f"{what}: negative duration {dur}")
+            raise DproInputError(path, f"{what}: negative duration {brief(dur)}")
+        if not abs(ts) + dur < MAX_RAW_TIME:
+            raise DproInputError(path, f"{what}: 'ts' {ts:g} + 'dur' {dur:g} is out of range (below 2^62 allowed)")
         if "args" in e and e["args"] is not None and not isinstance(e["args"], dict):
             raise DproInputError(path, f"{what}: 'args' is not an object")
         for k in ("pid", "tid"):
@@ -108,7 +129,7 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     if not _is_int(rank):
         m = re.search(rank_pattern, path.name)
         if m and m.groups() and m.group(1) is not None:
-            if not re.fullmatch(r"[0-9]+", m.group(1)):
+            if not re.fullmatch(r"[0-9]{1,9}", m.group(1)):
                 raise DproInputError(path, f"--rank-pattern matched '{m.group(1)}' in the file name, which is not a rank")
             rank = int(m.group(1))
         else:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from dpro.errors import DproInputError
+from dpro.errors import DproInputError, brief
 from dpro.jsonio import read_bytes
 
 FORMAT_NAME = "dpro-nccl-trace"
@@ -149,7 +149,7 @@ def _rel(v: object, base: int, where: str) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"{where}: not an integer time ({v!r})")
+        raise ValueError(f"{where}: not an integer time ({brief(v)})")
     return base + v
 
 
@@ -267,7 +267,7 @@ def read_plugin_dir(path: str | Path) -> list[PluginFile]:
         return [read_plugin_file(path)]
     if not path.is_dir():
         raise DproInputError(path, "no such file or directory")
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith((".jsonl", ".jsonl.gz")))
+    files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))  # each read or reported
     if not files:
         raise DproInputError(path, "no NCCL plugin traces (*.jsonl) in this directory")
     return [read_plugin_file(p) for p in files]

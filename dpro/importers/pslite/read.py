@@ -131,6 +131,8 @@ def _parse_record(d: Any, path: Path, n: int) -> Record:
             raise DproInputError(path, f"line {n}: field 'keys' must be a list of non-negative integers")
         rec.keys = tuple(keys)
         rec.nkeys = _field(d, "nkeys", (int,), path, n)
+        if rec.nkeys < len(keys) or (rec.nkeys > 0 and not keys):
+            raise DproInputError(path, f"line {n}: 'nkeys' {rec.nkeys} does not match the {len(keys)} key(s) listed")
         rec.data_bytes = _field(d, "data_bytes", (int,), path, n)
         rec.val_bytes = _field(d, "val_bytes", (int,), path, n)
         _field(d, "head", (int,), path, n, nullable=True, signed=True)

@@ -11,7 +11,7 @@ trace and attributes each block to the DFG op that allocated it and the op that 
 from __future__ import annotations
 
 import bisect
-import gzip
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +20,14 @@ from typing import TYPE_CHECKING
 import orjson
 
 from dpro.contracts.recording import MEMORY_VERSION, TORCH_STEP_PREFIX, MetaKey
-from dpro.errors import DproInputError
+from dpro.errors import DproInputError, brief
+from dpro.jsonio import read_bytes
 
 if TYPE_CHECKING:
     from dpro.gtrace.schema import NodeTrace
+
+#: one allocation above 256 TiB is a corrupt event (and sums of many stay within int64)
+MAX_ALLOCATION_BYTES = 2**48
 
 
 @dataclass
@@ -52,9 +56,13 @@ def _memory_events(raw: dict, path: Path) -> tuple[object, list[tuple[float, obj
             try:
                 if int(a.get("Device Type", 0)) != 0:  # CPU only here; CUDA memory is another device
                     continue
-                out.append((float(e["ts"]), e.get("tid"), int(a["Bytes"]), int(a["Addr"])))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                raise DproInputError(path, f"a [memory] event (ts {e.get('ts')!r}) lacks a numeric ts, Bytes or Addr") from None
+                ev = (float(e["ts"]), e.get("tid"), int(a["Bytes"]), int(a["Addr"]))
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                raise DproInputError(path, f"a [memory] event (ts {brief(e.get('ts'))}) lacks a numeric ts, Bytes or Addr") from None
+            if not (math.isfinite(ev[0]) and abs(ev[2]) < MAX_ALLOCATION_BYTES):  # sums must stay within int64
+                raise DproInputError(path, f"a [memory] event (ts {brief(e.get('ts'))}): ts or Bytes out of range "
+                                           f"(|Bytes| below 2^48)")
+            out.append(ev)
     out.sort(key=lambda x: x[0])
     return main, out
 
@@ -76,11 +84,7 @@ def attach_allocations(nt: "NodeTrace", rank_file: Path, facts: dict | None = No
 
     Returns the memory dict, or None when the trace holds no allocation events.
     """
-    try:
-        with gzip.open(rank_file, "rb") as f:
-            data = f.read()
-    except OSError:
-        data = Path(rank_file).read_bytes()
+    data = read_bytes(Path(rank_file))  # regular files only, bounded (dpro.jsonio)
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,7 +27,8 @@ from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.kineto import import_kineto
 from dpro.importers.kineto.shapes import LAYER_SHAPES
 from dpro.importers.recording.allocations import attach_allocations
-from dpro.jsonio import read_json
+from dpro.gtrace.validate import MAX_WORLD_SIZE
+from dpro.jsonio import read_json, regular_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,13 @@ log = logging.getLogger(__name__)
 def rank_files(raw: Path) -> list[Path]:
     """The per-rank trace files a recording directory holds."""
     return sorted(p for p in raw.glob(RANK_TRACE_GLOB) if not p.name.startswith("."))
+
+
+def _copy_regular(src: Path, dst: Path) -> None:
+    """Copy a regular file; a FIFO or device (which would block or never end) is an error."""
+    if problem := regular_file_problem(src):
+        raise DproInputError(src, problem)
+    shutil.copy2(src, dst)
 
 
 def merge_dirs(dirs: list[Path], dest: Path) -> None:
@@ -48,7 +57,7 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
         files = rank_files(d)
         if not files:
             raise DproInputError(d, f"holds no {RANK_TRACE_GLOB} traces")
-        timeline = [d / TIMELINE_NAME] if (d / TIMELINE_NAME).is_file() else []
+        timeline = [d / TIMELINE_NAME] if os.path.lexists(d / TIMELINE_NAME) else []  # (copied only if regular)
         servers = sorted(d.glob(SERVER_GLOB))  # MXNet parameter servers (dpro/profiler/mxnet/server.py)
         for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers:
             if f.name in seen:
@@ -56,7 +65,7 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
                     raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
                 raise DproInputError(f, f"also in {seen[f.name].parent}: two hosts recorded the same rank or server")
             seen[f.name] = f
-            shutil.copy2(f, dest / f.name)
+            _copy_regular(f, dest / f.name)
 
 
 def _enrich(nt: NodeTrace, meta: dict) -> None:
@@ -95,7 +104,7 @@ def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
 
     with tempfile.TemporaryDirectory(prefix="dpro-nccl-") as tmp:
         for f in rank_files(raw):
-            shutil.copy2(f, Path(tmp) / f.name)
+            _copy_regular(f, Path(tmp) / f.name)
         offsets = kineto_time_offsets(Path(tmp))
     try:
         res = replace_collectives(gt, nccl, time_offset_us=offsets or None)
@@ -134,30 +143,41 @@ def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
         raise DproInputError(raw, f"no rank traces were recorded ({RANK_TRACE_GLOB})")
     with tempfile.TemporaryDirectory(prefix="dpro-collect-") as tmp:
         for f in rank_files(raw):
-            shutil.copy2(f, Path(tmp) / f.name)  # only the traces: the importer reads every *.json*
+            _copy_regular(f, Path(tmp) / f.name)  # only the traces: the importer reads every *.json*
         gt = import_kineto(Path(tmp), progress=progress)
-    metas = {}
+    metas, meta_files = {}, {}
     for f in sorted(raw.glob(RANK_META_GLOB)):
         m = read_json(f)
         if isinstance(m, dict) and isinstance(m.get(MetaKey.RANK), int):
             metas[m[MetaKey.RANK]] = m
+            meta_files[m[MetaKey.RANK]] = f
     for nt in gt.nodes.values():
         if nt.info.rank in metas:
-            _enrich(nt, metas[nt.info.rank])
+            m, f = metas[nt.info.rank], meta_files[nt.info.rank]
+            try:
+                _enrich(nt, m)
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+                raise DproInputError(f, f"unexpected rank meta data ({type(e).__name__}: {str(e)[:120]})") from None
         if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
             attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)
-        gt.manifest.world_size = max(gt.manifest.world_size, int(any_meta.get(MetaKey.WORLD_SIZE) or 0))
-    if (raw / TIMELINE_NAME).is_file():  # a Horovod job: its collectives are in rank 0's timeline
+        ws = any_meta.get(MetaKey.WORLD_SIZE) or 0
+        if not isinstance(ws, int) or isinstance(ws, bool) or not 0 <= ws <= MAX_WORLD_SIZE:
+            raise DproInputError(meta_files[next(iter(metas))], f"world_size {str(ws)[:30]} is out of range (1 to {MAX_WORLD_SIZE})")
+        gt.manifest.world_size = max(gt.manifest.world_size, ws)
+    if os.path.lexists(raw / TIMELINE_NAME):  # a Horovod job: its collectives are in rank 0's timeline
+        if problem := regular_file_problem(raw / TIMELINE_NAME):  # said, never skipped silently
+            raise DproInputError(raw / TIMELINE_NAME, problem)
         apply_horovod_timeline(gt, raw / TIMELINE_NAME, raw, metas)
     nccl = raw / NCCL_DIR
     if nccl.is_dir() and any(nccl.glob(NCCL_TRACE_GLOB)):  # dpro's NCCL plugin was loaded
         gt = _apply_nccl_chunks(gt, raw, nccl)
     gt.manifest.meta["recorder"] = "dpro"
     gt.manifest.meta.pop("files", None)
-    missing = sorted(set(range(gt.manifest.world_size)) - {nt.info.rank for nt in gt.nodes.values()})
+    present = {nt.info.rank for nt in gt.nodes.values()}
+    missing = [r for r in range(min(gt.manifest.world_size, MAX_WORLD_SIZE)) if r not in present]
     if missing:
         gt.notes.append(f"ranks {missing} recorded nothing (crashed, or never reached the profiling window)")
     return gt

@@ -215,9 +215,13 @@ class TorchBackend:
             raw = Path(tmp) / "trace.json"
             self.prof.export_chrome_trace(str(raw))
             part = out / f".{rank_trace_name(rank)}.part"
-            with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
-                shutil.copyfileobj(fin, fout)
-            os.replace(part, out / rank_trace_name(rank))
+            try:
+                with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
+                    shutil.copyfileobj(fin, fout)
+                os.replace(part, out / rank_trace_name(rank))
+            except BaseException:
+                part.unlink(missing_ok=True)  # e.g. a full disk: leave no half-written file
+                raise
         params = [
             {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
              "bytes": p.numel() * p.element_size(), "requires_grad": p.requires_grad}
