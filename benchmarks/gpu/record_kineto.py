@@ -140,13 +140,14 @@ def _step(model: nn.Module, batch: tuple, loss_fn: Callable, opt: torch.optim.Op
         loss.item()
 
 
-def run_job(name: str, out: Path, steps: int, reps: int, active: int, rank: int = 0) -> dict:
+def unprofiled_windows(name: str, steps: int, reps: int) -> tuple[tuple, list[float]]:
+    """The job (``_job``) after 10 warm-up steps, and µs per step of ``reps`` timed windows of
+    ``steps`` steps without any profiler (synchronised at both ends of each window)."""
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
-    model, batch, loss_fn, opt, sync = _job(name)
+    model, batch, loss_fn, opt, sync = job = _job(name)
     for _ in range(10):  # warm-up: cudnn autotuning, allocator, fused kernels
         _step(model, batch(), loss_fn, opt, sync)
-    torch.cuda.synchronize()
     windows = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -155,6 +156,11 @@ def run_job(name: str, out: Path, steps: int, reps: int, active: int, rank: int 
             _step(model, batch(), loss_fn, opt, sync)
         torch.cuda.synchronize()
         windows.append((time.perf_counter() - t0) / steps * 1e6)
+    return job, windows
+
+
+def run_job(name: str, out: Path, steps: int, reps: int, active: int, rank: int = 0) -> dict:
+    (model, batch, loss_fn, opt, sync), windows = unprofiled_windows(name, steps, reps)
     from torch.profiler import ProfilerActivity, profile, schedule
 
     jdir = out / name

@@ -19,13 +19,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_kineto import _job, _step  # noqa: E402
+from record_kineto import _step, unprofiled_windows  # noqa: E402
 
 import dpro  # noqa: E402
 
@@ -33,19 +32,7 @@ JOBS = ["resnet50_sync", "gpt_sync", "mlp_launch_bound"]
 
 
 def run(name: str, out: Path, steps: int, reps: int) -> None:
-    torch.manual_seed(0)
-    torch.backends.cudnn.benchmark = True
-    model, batch, loss_fn, opt, sync = _job(name)
-    for _ in range(10):
-        _step(model, batch(), loss_fn, opt, sync)
-    windows = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            _step(model, batch(), loss_fn, opt, sync)
-        torch.cuda.synchronize()
-        windows.append((time.perf_counter() - t0) / steps * 1e6)
+    (model, batch, loss_fn, opt, sync), windows = unprofiled_windows(name, steps, reps)
 
     recorder = dpro.Recorder(model, out_dir=out / name, warmup=5, steps=5)  # dpro line 1
 
