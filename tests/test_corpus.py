@@ -72,6 +72,12 @@ def replay_json(path: Path) -> dict:
 
 def cpu_step_median(folder: Path) -> float | None:
     """Median over step numbers of the mean over files of the CPU ProfilerStep#N span."""
+    steps = cpu_steps(folder)
+    return statistics.median(steps.values()) if steps else None
+
+
+def cpu_steps(folder: Path) -> dict[int, float]:
+    """Step number -> mean over the folder's trace files of its CPU ProfilerStep#N span (raw JSON)."""
     per_step: dict[int, list[float]] = defaultdict(list)
     for f in sorted(folder.iterdir()):
         if not f.name.endswith((".json", ".json.gz")):
@@ -83,7 +89,7 @@ def cpu_step_median(folder: Path) -> float | None:
             m = STEP_RE.match(str(e.get("name", ""))) if isinstance(e, dict) and e.get("ph") == "X" else None
             if m and e.get("cat") in CPU_STEP_CATS:
                 per_step[int(m.group(1))].append(float(e["dur"]))
-    return statistics.median(statistics.mean(v) for v in per_step.values()) if per_step else None
+    return {s: statistics.mean(v) for s, v in per_step.items()}
 
 
 _results: dict[str, tuple[int, str, str]] = {}

@@ -14,27 +14,13 @@ makes these CPU-bound GPU steps 6-50 % longer.
 
 from __future__ import annotations
 
-import gzip
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
-import orjson
 import pytest
-from test_corpus import STEP_RE, replay_json
+from test_corpus import cpu_steps, replay_json
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_h200"
-
-
-def cpu_steps(folder: Path) -> dict[int, float]:
-    """Step number -> mean over the ranks of its CPU-side ProfilerStep span (raw JSON)."""
-    per: dict[int, list[float]] = defaultdict(list)
-    for f in sorted(folder.glob("rank*.json.gz")):
-        for e in orjson.loads(gzip.decompress(f.read_bytes()))["traceEvents"]:
-            m = STEP_RE.match(str(e.get("name", "")))
-            if m and e.get("ph") == "X" and e.get("cat") == "user_annotation":
-                per[int(m.group(1))].append(float(e["dur"]))
-    return {s: statistics.mean(v) for s, v in per.items()}
 
 
 @pytest.mark.parametrize("job", ["mlp_launch_bound", "resnet18_gloo2"])
