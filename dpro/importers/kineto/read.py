@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from dpro.contracts.recording import META_SUFFIX
 from dpro.errors import DproInputError, brief, one_line
 from dpro.jsonio import current_read_options, read_array_stream, regular_file_problem
@@ -35,8 +37,9 @@ KEPT_ARGS = frozenset({
 
 @dataclass(slots=True)
 class KEvent:
-    """A complete ('X') event as the converter needs it: checked, compact (``name`` and
-    ``cat`` shared between events, only :data:`KEPT_ARGS` of its ``args``)."""
+    """A complete ('X') event as the converter needs it: checked, compact (``name``,
+    ``cat`` and ``tid`` shared between events, only :data:`KEPT_ARGS` of its ``args``,
+    equal ``args`` shared too: read-only)."""
 
     name: str
     #: legacy categories already read as their modern names (``LEGACY_CATS``); None: none given
@@ -98,6 +101,8 @@ def _is_int(x: object) -> bool:
 
 
 _NUM_TYPES = frozenset({int, float})
+#: kept args that differ from event to event: not worth sharing
+_UNIQUE_ARGS = frozenset({"correlation", "Sequence number"})
 _ID_TYPES = frozenset({int, str})
 
 
@@ -118,7 +123,9 @@ class _Collector:
         self.legacy = 0
         self.has_op = False
         self.cats: set[str] = set()
-        self._strings: dict[str, str] = {}
+        self._strings: dict = {}
+        #: one copy of each distinct kept ``args`` (read-only from here on)
+        self._args: dict[bytes, dict] = {}
 
     def _shared(self, s: str) -> str:
         return self._strings.setdefault(s, s)
@@ -126,6 +133,7 @@ class _Collector:
     def add(self, batch: list) -> None:
         """Check and keep ``batch`` (raw events), whose first is ``traceEvents[self.index]``."""
         shared, out, num, ids = self._strings.setdefault, self.events, _NUM_TYPES, _ID_TYPES
+        same_args = self._args.setdefault
         i = self.index - 1
         for e in batch:
             i += 1
@@ -151,7 +159,12 @@ class _Collector:
                 self.cats.add(str(e.get("cat")))
             if args:
                 keys = args.keys() & KEPT_ARGS
-                args = {k: args[k] for k in keys} if keys else None
+                if keys:
+                    args = {k: args[k] for k in keys}
+                    if keys.isdisjoint(_UNIQUE_ARGS):  # shapes repeat from step to step: one copy
+                        args = same_args(orjson.dumps(args, option=orjson.OPT_SORT_KEYS), args)
+                else:
+                    args = None
             else:
                 args = None
             if type(name) is not str:
