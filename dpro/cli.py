@@ -14,6 +14,10 @@ from dpro.errors import DproInputError
 from dpro.jsonio import print_json
 
 _rank_opt = rank_pattern_option
+_ray_opt = click.option(
+    "--ray", "ray_address", default=None, metavar="auto|local|ADDRESS",
+    help="Run the independent work as Ray tasks (pip install 'dpro[ray]'; docs/scale.md): auto = the cluster "
+         "`ray start` started (or $RAY_ADDRESS), local = a Ray started here, or HOST:6379 / ray://HOST:10001.")
 
 
 def _fail(err: Exception) -> None:
@@ -337,9 +341,10 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
               help="The same job profiled with a smaller per-rank batch (e.g. half): gradient accumulation's "
                    "micro-batch op times are interpolated from it instead of scaled by 1/k.")
 @_rank_opt
+@_ray_opt
 def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool, budget: float, pass_names: str | None,
              modules: tuple[str, ...], list_passes: bool, no_align: bool, memory_budget: str | None,
-             micro_trace: Path | None, rank_pattern: str) -> None:
+             micro_trace: Path | None, rank_pattern: str, ray_address: str | None) -> None:
     """Search a faster strategy for the job traced in PATH and say how to apply it.
 
     \b
@@ -350,6 +355,9 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     Horovod fusion, fuse everything, no fusion), and with -o writes the settings
     the libraries take: ddp.json (bucket_cap_mb), horovod.json/.env (groups,
     fusion threshold), compile.json (layers to compile).
+
+    With --ray the candidates of each search round are replayed as Ray tasks, all
+    at once (the result is the same as without).
 
     \b
     MXNet parameter-server traces: every distinct MXNET_KVSTORE_BIGARRAY_BOUND (which
@@ -382,17 +390,20 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
         from dpro.jsonio import check_writable_dir
 
         check_writable_dir(output, force)  # before the search, not after it
+    from dpro.executor import mapper_for
     from dpro.job import open_job
     from dpro.loader import open_trace
     from dpro.optimizer.output import summary_text, write_strategy_dir
     from dpro.progress import progress_pulse
+
+    mapper = mapper_for(ray_address)
 
     quiet = False if as_json else None  # --json: no progress bars
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align, progress=quiet)
     small = open_trace(micro_trace, rank_pattern, progress=quiet) if micro_trace is not None else None
     with progress_pulse("optimizing", enabled=quiet) as tick:
         res = job.optimize(passes=passes, budget_s=budget, memory_budget=mem_bytes, memory_passes=mem_passes,
-                           micro_trace=small, tick=tick)
+                           micro_trace=small, tick=tick, mapper=mapper)
     if output is not None:
         write_strategy_dir(res, output, force=force)
     if as_json:

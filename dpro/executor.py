@@ -1,0 +1,104 @@
+"""Where a batch of independent tasks runs: here, in a local process pool, or as Ray tasks.
+
+A *mapper* is any callable ``mapper(fn, items) -> iterable of fn(item) for each item, in
+the items' order``. The stages that have independent work (the per-rank import, the
+optimizer's candidate replays) take one, so the caller chooses where it runs:
+
+* :func:`serial` (the default): here, lazily (``map``), so a caller that stops early
+  does no more work than a plain loop;
+* :class:`ProcessPool`: the machine's cores;
+* :class:`RayMapper`: the tasks of a Ray cluster (``pip install dpro[ray]``;
+  docs/scale.md). ``fn`` and the items are pickled, so ``fn`` must be a module-level
+  function or a :func:`functools.partial` of one.
+
+Every mapper returns the same results as :func:`serial` (the tasks are pure functions).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dpro.errors import DproInputError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+Mapper = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
+
+
+def serial(fn: Callable[[T], R], items: Iterable[T]) -> Iterable[R]:
+    """``fn`` over ``items`` here, one at a time, as they are asked for."""
+    return map(fn, items)
+
+
+@dataclass(frozen=True)
+class ProcessPool:
+    """``fn`` over ``items`` in up to ``workers`` processes (default: one per core)."""
+
+    workers: int | None = None
+
+    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        items = list(items)
+        n = min(self.workers or os.cpu_count() or 1, len(items))
+        if n <= 1:
+            return [fn(x) for x in items]
+        with ProcessPoolExecutor(max_workers=n) as ex:
+            return list(ex.map(fn, items))
+
+
+def _apply(fn: Callable[[T], R], item: T) -> R:
+    return fn(item)
+
+
+@dataclass(frozen=True)
+class RayMapper:
+    """``fn`` over ``items`` as Ray tasks (one per item) on the cluster at ``address``.
+
+    ``address``: ``auto`` (the cluster ``ray start`` started on this machine, or
+    ``$RAY_ADDRESS``), ``local`` (a Ray started here for this process alone), or an address
+    (``HOST:6379``, ``ray://HOST:10001``). A Ray already initialised in this process (e.g.
+    by the caller's own ``ray.init``) is used as it is. ``fn`` is put in the object store
+    once per call, not once per task.
+    """
+
+    address: str = "auto"
+
+    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        ray = connect(self.address)
+        task = ray.remote(_apply)
+        ref = ray.put(fn)
+        return ray.get([task.remote(ref, x) for x in items])
+
+
+def connect(address: str):  # noqa: ANN201 - the ray module
+    """The ``ray`` module, initialised (connected to ``address``) if it is not yet."""
+    try:
+        import ray
+    except ImportError:
+        raise DproInputError(None, "--ray needs Ray: pip install 'dpro[ray]'") from None
+    if not ray.is_initialized():
+        kw: dict[str, Any] = {"include_dashboard": False} if address == "local" else {"address": address}
+        try:
+            ray.init(**kw, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise DproInputError(None, f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
+        log.info("ray: %s", ray.cluster_resources())
+    return ray
+
+
+def mapper_for(ray_address: str | None, workers: int | None = None) -> Mapper:
+    """The mapper the CLI's options name: Ray at ``ray_address`` if given (connected now, so a
+    wrong address fails before the work), else a process pool of ``workers`` if more than
+    one, else :func:`serial`."""
+    if ray_address:
+        connect(ray_address)
+        return RayMapper(ray_address)
+    if workers is not None and workers > 1:
+        return ProcessPool(workers)
+    return serial

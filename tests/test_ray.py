@@ -1,0 +1,72 @@
+"""Ray as the executor (dpro.executor.RayMapper, ``--ray``): on a local Ray cluster of 2 CPUs,
+the results are those of the local run. One cluster for the module (its start takes seconds)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make setup installs it)")
+
+from dpro.executor import RayMapper, mapper_for, serial  # noqa: E402
+from dpro.job import open_job  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "traces" / "ddp_gloo_2rank_mlp"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster with 2 CPUs; its address (workers import this checkout's dpro)."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def _search(res) -> list:  # noqa: ANN001 - OptimizeResult
+    """What a search found, less its wall time."""
+    return [(r.start, r.strategy.key(), r.iteration_us, [s.to_json() for s in r.steps], r.evaluations, r.converged)
+            for r in res.results]
+
+
+def test_mapper_keeps_order(cluster):
+    fn = functools.partial(operator.sub, 1000)  # workers import fn by name: not from this test module
+    items = list(range(20))
+    assert RayMapper("auto")(fn, items) == list(serial(fn, items)) == [1000 - i for i in items]
+    assert mapper_for("auto", 4) == RayMapper("auto")  # --ray wins over a pool
+
+
+def test_optimizer_search_same_as_local(cluster):
+    job = open_job(EXAMPLE, progress=False, cache=False)
+    local = job.optimize(budget_s=600)
+    on_ray = job.optimize(budget_s=600, mapper=RayMapper("auto"))
+    assert sum(r.evaluations for r in local.results) > 3  # candidates were replayed
+    assert _search(on_ray) == _search(local)
+    assert on_ray.baselines == local.baselines
+
+
+def test_cli_optimize_ray_address(cluster, tmp_path):
+    """``dpro optimize --ray ADDRESS`` connects to the running cluster: same JSON as without."""
+    env = dict(os.environ, DPRO_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(*extra: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "dpro.cli", "optimize", str(EXAMPLE), "--json", "--budget", "600",
+                              *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        res = json.loads(out.stdout)
+        res.pop("time_s", None)
+        for r in res.get("results", []):
+            r.pop("time_s", None)
+        return res
+
+    assert run("--ray", cluster) == run()
