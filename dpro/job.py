@@ -122,7 +122,7 @@ class Job:
 
 
 def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True,
-             cache: bool | None = None, progress: bool | None = None) -> Job:
+             cache: bool | None = None, progress: bool | None = None, mapper=None) -> Job:
     """Open the job traced in ``path`` (a gTrace directory, torch.profiler traces, one file
     per rank): load and validate it, and with ``align`` (True or the
     :class:`~dpro.alignment.AlignOptions` to use) put every node on one clock.
@@ -131,12 +131,13 @@ def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool |
     without ``distributedInfo``). ``cache``: use the trace cache for an import
     (:mod:`dpro.gtrace.cache`; default: on unless ``DPRO_NO_CACHE``). ``progress``: bars
     on stderr for the import, the alignment and the op statistics (default: when stderr
-    is a terminal; False for ``--json``). Bad input raises :class:`dpro.errors.DproInputError`.
+    is a terminal; False for ``--json``). ``mapper(fn, items)``: how the ranks of an import
+    run (:func:`dpro.importers.kineto.import_kineto`). Bad input raises :class:`dpro.errors.DproInputError`.
     """
     from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
     from dpro.loader import open_trace
 
-    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN, cache=cache, progress=progress)
+    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN, cache=cache, progress=progress, mapper=mapper)
     return prepare(gt, align=align, path=Path(path), progress=progress)
 
 

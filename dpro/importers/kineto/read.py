@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,33 +157,11 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     )
 
 
-def load_rank_files(
-    path: Path, rank_pattern: str = DEFAULT_RANK_PATTERN, tick: Callable[[str], None] | None = None
-) -> list[RankFile]:
-    """All rank files of a Kineto directory, sorted by rank; duplicate ranks are an error.
-
-    ``tick(file name)`` is called after each file is loaded (progress reporting).
-    """
+def check_rank_pattern(rank_pattern: str) -> None:
+    """A usable ``--rank-pattern``: a regular expression with a group (the rank)."""
     try:
         groups = re.compile(rank_pattern).groups
     except re.error as e:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': {e}") from None
     if groups < 1:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': needs a group, e.g. rank(\\d+)")
-    ranks = []
-    for i, p in enumerate(trace_files(path)):
-        ranks.append(load_rank_file(p, rank_pattern, i))
-        if tick:
-            tick(p.name)
-    seen: dict[int, Path] = {}
-    for r in ranks:
-        if r.rank in seen:
-            raise DproInputError(r.path, f"rank {r.rank} also in {seen[r.rank].name} (set --rank-pattern?)")
-        seen[r.rank] = r.path
-    sized = [r for r in ranks if r.world_size is not None]
-    for r in sized[1:]:
-        if r.world_size != sized[0].world_size:
-            raise DproInputError(
-                r.path, f"world_size {r.world_size}, but {sized[0].path.name} says {sized[0].world_size}: not one job"
-            )
-    return sorted(ranks, key=lambda r: r.rank)
