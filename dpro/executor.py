@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+import socket
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -64,16 +65,26 @@ class RayMapper:
     ``$RAY_ADDRESS``), ``local`` (a Ray started here for this process alone), or an address
     (``HOST:6379``, ``ray://HOST:10001``). A Ray already initialised in this process (e.g.
     by the caller's own ``ray.init``) is used as it is. ``fn`` is put in the object store
-    once per call, not once per task.
+    once per call, not once per task; the tasks are submitted when the first result is
+    asked for, the results yielded in order as they come (an exception a task raised is
+    raised as such).
     """
 
     address: str = "auto"
 
-    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = connect(self.address)
         task = ray.remote(_apply)
         ref = ray.put(fn)
-        return ray.get([task.remote(ref, x) for x in items])
+        refs = [task.remote(ref, x) for x in items]  # all submitted now, taken in order
+        for r in refs:
+            try:
+                yield ray.get(r)
+            except ray.exceptions.RayTaskError as e:  # the task's own exception, not Ray's wrapper
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, Exception):
+                    raise cause from None
+                raise
 
 
 def connect(address: str):  # noqa: ANN201 - the ray module
@@ -83,6 +94,8 @@ def connect(address: str):  # noqa: ANN201 - the ray module
     except ImportError:
         raise DproInputError(None, "--ray needs Ray: pip install 'dpro[ray]'") from None
     if not ray.is_initialized():
+        if problem := _unreachable(address):
+            raise DproInputError(None, f"--ray {address}: {problem}")
         kw: dict[str, Any] = {"include_dashboard": False} if address == "local" else {"address": address}
         try:
             ray.init(**kw, logging_level=logging.WARNING, log_to_driver=False)
@@ -90,6 +103,19 @@ def connect(address: str):  # noqa: ANN201 - the ray module
             raise DproInputError(None, f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
         log.info("ray: %s", ray.cluster_resources())
     return ray
+
+
+def _unreachable(address: str, timeout_s: float = 10.0) -> str | None:
+    """Why ``HOST:PORT`` (or ``ray://HOST:PORT``) takes no TCP connection, or None (Ray itself
+    retries a wrong address for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None  # auto, local: Ray says why
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return f"cannot connect to a Ray cluster there ({e.strerror or e})"
+    return None
 
 
 def mapper_for(ray_address: str | None, workers: int | None = None) -> Mapper:

@@ -45,7 +45,7 @@ def test_optimizer_search_in_a_pool_same_as_serial():
 def test_without_ray_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(DproInputError, match="needs Ray"):
-        RayMapper("auto")(abs, [1])
+        list(RayMapper("auto")(abs, [1]))
     code = ("import sys; sys.modules['ray'] = None; from dpro.cli import main; "
             f"sys.argv = ['dpro', 'optimize', {str(EXAMPLE)!r}, '--ray', 'auto', '--json']; main()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
