@@ -96,13 +96,31 @@ def connect(address: str):  # noqa: ANN201 - the ray module
     if not ray.is_initialized():
         if problem := _unreachable(address):
             raise DproInputError(None, f"--ray {address}: {problem}")
-        kw: dict[str, Any] = {"include_dashboard": False} if address == "local" else {"address": address}
         try:
-            ray.init(**kw, logging_level=logging.WARNING, log_to_driver=False)
+            if address == "local":
+                start_local()
+            else:
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise DproInputError(None, f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
         log.info("ray: %s", ray.cluster_resources())
     return ray
+
+
+def start_local(num_cpus: int | None = None, tries: int = 3) -> None:
+    """Start a Ray cluster in this process (``num_cpus``: default all). Its processes must
+    register within Ray's 30 s; on a loaded machine they may not: tried ``tries`` times."""
+    import ray
+
+    for i in range(tries):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this timeout
+            ray.shutdown()
+            if "timed out during startup" not in str(e) or i == tries - 1:
+                raise RuntimeError(str(e).splitlines()[0]) from None
+            log.warning("ray: the local cluster did not start in time (%s): trying again", e)
 
 
 def _unreachable(address: str, timeout_s: float = 10.0) -> str | None:

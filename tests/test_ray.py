@@ -18,7 +18,7 @@ from golden import gtrace_digest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make setup installs it)")
 
-from dpro.executor import RayMapper, mapper_for, serial  # noqa: E402
+from dpro.executor import RayMapper, mapper_for, serial, start_local  # noqa: E402
 from dpro.errors import DproInputError  # noqa: E402
 from dpro.importers.kineto import import_kineto  # noqa: E402
 from dpro.job import open_job  # noqa: E402
@@ -31,12 +31,13 @@ DLRM = REPO.parent / "shared" / "traces" / "corpus" / "param_dlrm_8rank"  # 8 ra
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray cluster with 2 CPUs; its address (workers import this checkout's dpro)."""
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:  # the cluster's workers inherit it
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+        start_local(num_cpus=2)
+        try:
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
 
 
 def _search(res) -> list:  # noqa: ANN001 - OptimizeResult
