@@ -67,7 +67,8 @@ class RayMapper:
     by the caller's own ``ray.init``) is used as it is. ``fn`` is put in the object store
     once per call, not once per task; the tasks are submitted when the first result is
     asked for, the results yielded in order as they come (an exception a task raised is
-    raised as such).
+    raised as such). The tasks whose results were not asked for when the caller stops
+    (closes the iterator) are cancelled.
     """
 
     address: str = "auto"
@@ -77,14 +78,20 @@ class RayMapper:
         task = ray.remote(_apply)
         ref = ray.put(fn)
         refs = [task.remote(ref, x) for x in items]  # all submitted now, taken in order
-        for r in refs:
-            try:
-                yield ray.get(r)
-            except ray.exceptions.RayTaskError as e:  # the task's own exception, not Ray's wrapper
-                cause = getattr(e, "cause", None)
-                if isinstance(cause, Exception):
-                    raise cause from None
-                raise
+        taken = 0
+        try:
+            for r in refs:
+                try:
+                    yield ray.get(r)
+                except ray.exceptions.RayTaskError as e:  # the task's own exception, not Ray's wrapper
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, Exception):
+                        raise cause from None
+                    raise
+                taken += 1
+        finally:  # a caller that stops early (the search, on the first candidate that helps)
+            for r in refs[taken + 1:]:
+                ray.cancel(r)
 
 
 def connect(address: str):  # noqa: ANN201 - the ray module

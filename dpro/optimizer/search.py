@@ -91,6 +91,8 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
                 st, cur, accepted = nxt, t, True
                 tick(f"{name}: {cur / 1e3:.2f} ms")
                 break
+        if hasattr(times, "close"):
+            times.close()  # a Ray mapper cancels the candidates not looked at
         if not accepted:
             res.converged = time.perf_counter() < deadline
             break
