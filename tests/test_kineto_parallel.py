@@ -55,3 +55,18 @@ def test_duplicate_ranks_found_after_the_per_rank_import(tmp_path):
         shutil.copy(SRC / "rank0.json.gz", d / name)
     with pytest.raises(DproInputError, match=r"b_rank0\.json\.gz: rank 0 also in a_rank0\.json\.gz"):
         import_kineto(d)
+
+
+def test_default_mapper(monkeypatch):
+    from dpro.importers.kineto import pool
+
+    monkeypatch.setattr(pool, "usable_cores", lambda: 4)
+    monkeypatch.delenv(pool.WORKERS_ENV, raising=False)
+    assert pool.default_mapper(1, 10**10) is serial_mapper
+    assert pool.default_mapper(8, 1000) is serial_mapper  # small: a worker costs more than it saves
+    assert pool.default_mapper(8, 10**10).keywords == {"max_workers": 4}
+    assert pool.default_mapper(3, 10**10).keywords == {"max_workers": 3}
+    monkeypatch.setenv(pool.WORKERS_ENV, "2")
+    assert pool.default_mapper(8, 10**10).keywords == {"max_workers": 2}
+    monkeypatch.setenv(pool.WORKERS_ENV, "1")
+    assert pool.default_mapper(8, 10**10) is serial_mapper

@@ -40,9 +40,9 @@ def _main_tid(rf: RankFile) -> object:
     with most CPU operators, else (a GPU-only trace) most runtime calls; None without any."""
     marks, on_cpu = step_markers(rf)
     if on_cpu:
-        return marks[0].get("tid")
+        return marks[0].tid
     for cats in (("cpu_op",), tuple(CPU_CATS)):
-        counts = Counter(e.get("tid") for e in rf.events if e.get("ph") == "X" and e.get("cat") in cats)
+        counts = Counter(e.tid for e in rf.events if e.cat in cats)
         if counts:
             return counts.most_common(1)[0][0]
     return None
@@ -131,9 +131,8 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
         notes.append(f"{rf.path.name}: no CPU-side ProfilerStep spans; steps taken from the GPU timeline's "
                      f"ProfilerStep annotations (gpu_user_annotation)")
     if not steps:
-        xs = [e for e in rf.events if e.get("ph") == "X" and "ts" in e]
-        t0 = min(float(e["ts"]) for e in xs)
-        t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in xs)
+        t0 = min(e.ts for e in rf.events)
+        t1 = max(e.ts + e.dur for e in rf.events)
         steps = {0: (t0, t1)}
         notes.append(f"{rf.path.name}: no ProfilerStep markers; the whole trace is one step")
     segs, gloo = cpu_segments(rf, _main_tid(rf))

@@ -8,6 +8,7 @@ keyword). :func:`default_mapper` picks serial or a local process pool.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -58,8 +59,16 @@ def process_pool_mapper(fn: Callable[[T], R], items: Sequence[T], max_workers: i
                 f.cancel()
 
 
+#: environment variable: the most worker processes of the default mapper (1: serial)
+WORKERS_ENV = "DPRO_IMPORT_WORKERS"
+
+
 def default_mapper(n_items: int, total_bytes: int) -> Mapper:
-    """Serial for one item, a small input or one core; else a local process pool."""
-    if n_items <= 1 or total_bytes < POOL_MIN_BYTES or usable_cores() <= 1:
+    """Serial for one item, a small input or one core; else a local process pool of
+    min(cores, items, ``$DPRO_IMPORT_WORKERS``) processes. Each worker holds one rank
+    file's events while it converts them: fewer workers, less memory."""
+    cap = os.environ.get(WORKERS_ENV, "").strip()
+    workers = min(usable_cores(), n_items, int(cap) if cap.isdigit() and int(cap) > 0 else n_items)
+    if workers <= 1 or total_bytes < POOL_MIN_BYTES:
         return serial_mapper
-    return process_pool_mapper
+    return functools.partial(process_pool_mapper, max_workers=workers)
