@@ -8,9 +8,9 @@ round to round), each in a fresh child process (Python start-up included):
 * **dpro**: ``dpro replay DIR --json --no-cache`` (import every rank, align the clocks, op
   statistics, build the global graph, replay).
 
-Measured per run: wall seconds; the largest peak RSS of one process (``VmHWM``); and
-the peak of the RSS summed over the child and its descendants (both tools may use worker
-processes), both sampled every 20 ms with psutil. Printed: medians, and the
+Measured per run: wall seconds and the peak of the RSS summed over the child and its
+descendants (both tools may use worker processes; ``ru_maxrss`` would give the largest one
+only), sampled every 20 ms (benchmarks/proctree.py). Printed: medians, and the
 ratios HTA / dpro from those medians (same run). HTA (``pip install
 holistictraceanalysis``) is not a dpro dependency: without it this says so and exits 0.
 
@@ -29,10 +29,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proctree  # noqa: E402
 DLRM = REPO.parent / "shared" / "traces" / "corpus" / "param_dlrm_8rank"
 HTA_LOAD = ("import sys; from hta.trace_analysis import TraceAnalysis; "
             "print(len(TraceAnalysis(trace_dir=sys.argv[1]).t.traces))")  # how many ranks it parsed
@@ -45,59 +46,12 @@ def _commands(path: Path) -> dict[str, list[str]]:
             "dpro": [sys.executable, "-m", "dpro.cli", "replay", str(path), "--json", "--no-cache"]}
 
 
-def _hwm(pid: int) -> int:
-    """The process's own peak RSS so far (``VmHWM``, bytes; 0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _sample(proc, hwm: dict[int, int]) -> int:  # noqa: ANN001 - psutil.Process
-    """RSS summed over ``proc`` and its descendants now; each one's VmHWM kept in ``hwm``."""
-    import psutil
-
-    total = 0
-    try:
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-        hwm[p.pid] = max(hwm.get(p.pid, 0), _hwm(p.pid))
-    return total
-
-
 def run_once(cmd: list[str], env: dict) -> dict:
-    """Wall seconds; the largest peak RSS of one process of the run (VmHWM, sampled every
-    20 ms) and the peak of the RSS summed over the process tree (bytes). (Not ``ru_maxrss``:
-    on Linux a child's starts at its parent's RSS at the fork.)"""
-    import psutil
-
-    t0 = time.perf_counter()
-    out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # not pipes: a full pipe would block the child
-    child = subprocess.Popen(cmd, env=env, stdout=out_f, stderr=err_f)
-    proc = psutil.Process(child.pid)
-    tree, hwm = 0, {}
-    while child.poll() is None:
-        tree = max(tree, _sample(proc, hwm))
-        time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    out_f.seek(0)
-    err_f.seek(0)
-    out, err = out_f.read(), err_f.read().decode(errors="replace")
-    out_f.close()
-    err_f.close()
-    if child.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({child.returncode}):\n{err[-2000:]}")
-    largest = max(hwm.values(), default=0)
-    return {"wall_s": wall, "maxrss_bytes": largest, "tree_peak_bytes": max(tree, largest), "stdout": out}
+    """Wall seconds and the peak of the process tree's summed RSS (:mod:`proctree`)."""
+    r = proctree.run(cmd, env=env, interval=0.02)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return {"wall_s": r.wall_s, "tree_peak_bytes": r.peak_tree_bytes, "processes": r.processes, "stdout": r.stdout}
 
 
 def bench(path: Path, repeat: int) -> dict:
@@ -114,12 +68,11 @@ def bench(path: Path, repeat: int) -> dict:
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     out: dict = {"path": str(path), "files": sum(1 for f in path.iterdir() if f.is_file()), "bytes": size}
     for tool, rs in runs.items():
-        for k in ("wall_s", "maxrss_bytes", "tree_peak_bytes"):
+        for k in ("wall_s", "tree_peak_bytes", "processes"):
             out[f"{tool}_{k}"] = statistics.median(x[k] for x in rs)
         out[f"{tool}_wall_runs_s"] = [round(x["wall_s"], 2) for x in rs]
     out["speedup"] = out["hta_wall_s"] / out["dpro_wall_s"]
     out["memory_ratio_tree"] = out["dpro_tree_peak_bytes"] / out["hta_tree_peak_bytes"]
-    out["memory_ratio_maxrss"] = out["dpro_maxrss_bytes"] / out["hta_maxrss_bytes"]
     return out
 
 
@@ -163,8 +116,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.rank_first:
         rank_first(a.rank_first)
         return []
-    if importlib.util.find_spec("hta") is None or importlib.util.find_spec("psutil") is None:
-        print("skipped: HTA is not installed (pip install holistictraceanalysis; it brings psutil)")
+    if importlib.util.find_spec("hta") is None:
+        print("skipped: HTA is not installed (pip install holistictraceanalysis)")
         return []
     out = []
     with tempfile.TemporaryDirectory(prefix="dpro-hta-") as tmp:
@@ -179,10 +132,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             out.append(r)
             if not a.json:
                 print(f"{p.name}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB on disk; medians of {a.repeat}: "
-                      f"HTA load {r['hta_wall_s']:.2f} s, tree peak {r['hta_tree_peak_bytes'] / 2**20:.0f} MiB "
-                      f"(largest process {r['hta_maxrss_bytes'] / 2**20:.0f} MiB); dpro import+replay "
-                      f"{r['dpro_wall_s']:.2f} s, tree peak {r['dpro_tree_peak_bytes'] / 2**20:.0f} MiB "
-                      f"(largest {r['dpro_maxrss_bytes'] / 2**20:.0f} MiB) -> dpro {r['speedup']:.2f}x faster, "
+                      f"HTA load {r['hta_wall_s']:.2f} s, peak {r['hta_tree_peak_bytes'] / 2**20:.0f} MiB "
+                      f"({r['hta_processes']:.0f} processes); dpro import+replay {r['dpro_wall_s']:.2f} s, peak "
+                      f"{r['dpro_tree_peak_bytes'] / 2**20:.0f} MiB ({r['dpro_processes']:.0f} processes) -> dpro {r['speedup']:.2f}x faster, "
                       f"{r['memory_ratio_tree']:.2f}x HTA's peak")
     if a.json:
         print(json.dumps(out))
