@@ -109,7 +109,7 @@ def connect(address: str):  # noqa: ANN201 - the ray module
             else:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise DproInputError(None, f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
+            raise DproInputError(None, f"--ray {address}: cannot connect to a Ray cluster ({_first_line(e)})") from None
         log.info("ray: %s", ray.cluster_resources())
     return ray
 
@@ -126,8 +126,12 @@ def start_local(num_cpus: int | None = None, tries: int = 3) -> None:
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this timeout
             ray.shutdown()
             if "timed out during startup" not in str(e) or i == tries - 1:
-                raise RuntimeError(str(e).splitlines()[0]) from None
+                raise RuntimeError(_first_line(e)) from None
             log.warning("ray: the local cluster did not start in time (%s): trying again", e)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _unreachable(address: str, timeout_s: float = 10.0) -> str | None:
