@@ -4,8 +4,9 @@ goal is a peak of at most 2x the JSON size on a 500 MB trace).
 A trace of about SIZE_MB of plain JSON is made by repeating the steps of the bundled real
 2-rank DDP recording (examples/traces/ddp_gloo_2rank_mlp): each copy shifted in time by the
 recording's span and its ProfilerStep numbers shifted past the previous copy's. Then
-`python -m dpro.cli validate` runs on it in a child process; its peak RSS (ru_maxrss) and
-wall time are printed with the ratio to the JSON size.
+`python -m dpro.cli validate` runs on it in a child process; the peak of the RSS summed over
+its process tree (the import's worker processes included, sampled from /proc) and the wall
+time are printed with the ratio to the JSON size.
 
 Usage: python benchmarks/validate_memory.py [SIZE_MB ...] [--work /tmp/dpro-valmem]
 """
@@ -16,14 +17,14 @@ import argparse
 import gzip
 import os
 import re
-import resource
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proctree  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "examples" / "traces" / "ddp_gloo_2rank_mlp"
@@ -63,30 +64,32 @@ def make_trace(out: Path, size_mb: float) -> int:
     return total
 
 
-def measure(path: Path) -> tuple[int, float, int, str]:
-    """(peak RSS bytes, wall s, exit code, last line) of `dpro validate path` in a child."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "dpro.cli", "--max-input-bytes", "8GiB", "validate", str(path)],
-                       capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux; max over children so far
+def measure(path: Path, repo: Path = REPO) -> tuple[int, float, int, str, int]:
+    """(peak RSS bytes summed over the process tree, wall s, exit code, last line, most
+    processes at once) of `dpro validate path` (the dpro of ``repo``) in a child; the
+    trace cache goes to a folder beside the trace (written, as a user's run does)."""
+    env = dict(os.environ, PYTHONPATH=str(repo), DPRO_CACHE_DIR=str(path.parent / f"cache-{repo.name}"))
+    r = proctree.run([sys.executable, "-m", "dpro.cli", "--max-input-bytes", "8GiB", "validate", str(path)], env=env)
     last = (r.stdout.strip() or r.stderr.strip()).splitlines()[-1][:160] if (r.stdout or r.stderr) else ""
-    return peak, wall, r.returncode, last
+    return r.peak_tree_bytes, r.wall_s, r.returncode, last, r.processes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sizes", nargs="*", type=float, default=[50.0], help="JSON sizes in MB, in increasing order")
     ap.add_argument("--work", default="/tmp/dpro-valmem")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="Also run the dpro of this checkout (e.g. the main branch) on the same trace.")
     a = ap.parse_args()
-    print(f"{'JSON MB':>8} {'peak RSS MB':>12} {'peak/JSON':>10} {'wall s':>7}  result")
-    for size in sorted(a.sizes):  # increasing: ru_maxrss of the children is a running maximum
+    print(f"{'code':>8} {'JSON MB':>8} {'peak RSS MB':>12} {'peak/JSON':>10} {'wall s':>7} {'procs':>5}  result")
+    for size in sorted(a.sizes):
         work = Path(a.work) / f"{size:g}MB"
         shutil.rmtree(work, ignore_errors=True)
-        nbytes = make_trace(work, size)
-        peak, wall, code, last = measure(work)
-        print(f"{nbytes / 1e6:8.1f} {peak / 1e6:12.1f} {peak / nbytes:10.2f} {wall:7.1f}  exit {code}: {last}")
+        nbytes = make_trace(work / "trace", size)
+        for name, repo in [("this", REPO)] + ([("baseline", a.baseline)] if a.baseline else []):
+            peak, wall, code, last, procs = measure(work / "trace", repo)
+            print(f"{name:>8} {nbytes / 1e6:8.1f} {peak / 1e6:12.1f} {peak / nbytes:10.2f} {wall:7.1f} {procs:5d}  "
+                  f"exit {code}: {last}", flush=True)
         shutil.rmtree(work, ignore_errors=True)
 
 

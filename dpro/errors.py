@@ -39,3 +39,8 @@ class DproInputError(Exception):
         self.problem = problem
         msg = f"{self.path}: {problem}" if self.path else problem
         super().__init__(one_line(msg))
+
+    def __reduce__(self) -> tuple:
+        """Pickle by (path, problem), so the error crosses process boundaries intact
+        (the per-rank import may run in worker processes)."""
+        return (type(self), (self.path, self.problem))

@@ -23,6 +23,7 @@ from dpro.gtrace.schema import GTrace
 
 if TYPE_CHECKING:
     from dpro.alignment import AlignOptions, AlignResult
+    from dpro.executor import Mapper
     from dpro.optimizer.optimize import OptimizeResult
     from dpro.graph.stats import OpStats
     from dpro.optimizer.passes.base import GraphPass
@@ -104,20 +105,24 @@ class Job:
 
     def optimize(self, *, passes: list[GraphPass] | None = None, budget_s: float = 30.0,
                  memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
-                 micro_trace: Job | GTrace | None = None, tick: Tick | None = None) -> OptimizeResult:
+                 micro_trace: Job | GTrace | None = None, tick: Tick | None = None,
+                 mapper: Mapper | None = None) -> OptimizeResult:
         """Search a faster strategy (docs/optimizer.md): ``passes`` (default: every
         throughput pass), ``memory_budget`` (bytes per worker) to fit first,
-        ``micro_trace`` the same job profiled at a smaller batch."""
+        ``micro_trace`` the same job profiled at a smaller batch, ``mapper`` where the
+        candidates are replayed (:mod:`dpro.executor`: a process pool, Ray)."""
         from dpro.optimizer.optimize import optimize
 
         small = micro_trace.profiled if isinstance(micro_trace, Job) else micro_trace
         kw = {"tick": tick} if tick is not None else {}
+        if mapper is not None:
+            kw["mapper"] = mapper
         return optimize(self.trace, base=self.replay(), stats=self.stats, passes=passes, budget_s=budget_s,
                         memory_budget=memory_budget, memory_passes=memory_passes, micro_trace=small, **kw)
 
 
 def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool | AlignOptions = True,
-             cache: bool | None = None, progress: bool | None = None) -> Job:
+             cache: bool | None = None, progress: bool | None = None, mapper=None) -> Job:
     """Open the job traced in ``path`` (a gTrace directory, torch.profiler traces, one file
     per rank): load and validate it, and with ``align`` (True or the
     :class:`~dpro.alignment.AlignOptions` to use) put every node on one clock.
@@ -126,12 +131,13 @@ def open_job(path: str | Path, *, rank_pattern: str | None = None, align: bool |
     without ``distributedInfo``). ``cache``: use the trace cache for an import
     (:mod:`dpro.gtrace.cache`; default: on unless ``DPRO_NO_CACHE``). ``progress``: bars
     on stderr for the import, the alignment and the op statistics (default: when stderr
-    is a terminal; False for ``--json``). Bad input raises :class:`dpro.errors.DproInputError`.
+    is a terminal; False for ``--json``). ``mapper(fn, items)``: how the ranks of an import
+    run (:func:`dpro.importers.kineto.import_kineto`). Bad input raises :class:`dpro.errors.DproInputError`.
     """
     from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
     from dpro.loader import open_trace
 
-    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN, cache=cache, progress=progress)
+    gt = open_trace(path, rank_pattern or DEFAULT_RANK_PATTERN, cache=cache, progress=progress, mapper=mapper)
     return prepare(gt, align=align, path=Path(path), progress=progress)
 
 

@@ -342,3 +342,274 @@ def write_dir_atomically(root: Path, fill: Callable[[Path], None]) -> None:
                     old = None
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+class _Reader:
+    """A file's bytes, gunzipped when it is gzip, in chunks; the input limit applies to the
+    decompressed bytes as they come. Only regular files are opened."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.limit = current_read_options().max_input_bytes
+        problem = regular_file_problem(path)
+        if problem:
+            raise DproInputError(path, problem)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        except OSError as e:
+            raise DproInputError(path, f"cannot read: {e.strerror or e}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
+                raise DproInputError(path, f"is {_kind(st.st_mode)}, expected a regular file")
+            if st.st_size > self.limit:
+                raise _limit_error(path, self.limit, f"holds {st.st_size} bytes,")
+            self._raw = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._f: Any = self._raw
+        self.total = 0
+        head = self._raw.peek(2)[:2] if hasattr(self._raw, "peek") else b""
+        if head == _GZIP_MAGIC:
+            self._f = gzip.GzipFile(fileobj=self._raw)
+
+    def read(self, n: int = _CHUNK) -> bytes:
+        try:
+            chunk = self._f.read(n)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise DproInputError(self.path, f"corrupt or truncated gzip ({e})") from None
+        except IsADirectoryError:
+            raise DproInputError(self.path, "is a directory, expected a file") from None
+        except OSError as e:
+            raise DproInputError(self.path, f"cannot read: {e.strerror or e}") from None
+        self.total += len(chunk)
+        if self.total > self.limit:
+            raise _limit_error(self.path, self.limit, "decompresses to" if self._f is not self._raw else "holds")
+        return chunk
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+class _NotFast(Exception):
+    """The layout is not the one the fast path reads: read it the general way."""
+
+
+#: where one item of a top-level array ends and the next starts (a candidate: one inside a
+#: string or a nested value leaves the slice before it invalid JSON, so it is never taken)
+_CUT = re.compile(rb"\}\s*,\s*\{")
+#: bytes of items parsed at once on the fast path
+BATCH_BYTES = 1 << 20
+_MAX_TRIES = 64
+#: the fast path gives up on an item (or a header) longer than this
+_MAX_SPAN = 64 * _CHUNK
+
+
+def _loads(data: bytes | bytearray) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise _NotFast from None
+
+
+def read_array_stream(path: Path, key: str, sink: Callable[[list], None], reset: Callable[[], None]) -> tuple[Any, bool]:
+    """Stream the items of the array ``key`` of a JSON file's top-level object (or of a
+    top-level array) to ``sink``, in batches (lists ``sink`` must not keep), never holding
+    the whole file parsed.
+
+    Returns (the top-level object without ``key``, whether ``key`` held an array); a
+    top-level array gives ``([], True)``, any other document ``(it, False)``. The checks of
+    :func:`read_json` hold: regular files only, the input limit on the decompressed bytes
+    as they stream, nesting depth, one-line errors naming ``path``. The fast path parses
+    slices of about :data:`BATCH_BYTES` with orjson; a layout it does not read (or invalid
+    JSON) is read again with ijson's C parser (yajl), value by value, after ``reset()``
+    (forget what ``sink`` got).
+    """
+    reader = _Reader(path)
+    try:
+        first = bytearray()
+        while not first or first.isspace():
+            chunk = reader.read(_CHUNK)
+            if not chunk:
+                raise DproInputError(path, "empty file")
+            first += chunk
+        if b"\x00" in first[:64]:
+            raise DproInputError(path, "binary data (NUL bytes), not JSON")
+        try:
+            return _fast_array(path, reader, first, key, sink)
+        except _NotFast:
+            pass
+    finally:
+        reader.close()
+    reset()
+    reader = _Reader(path)
+    try:
+        return _general_array(path, reader, key, sink)
+    finally:
+        reader.close()
+
+
+def _checked(path: Path, obj: Any) -> Any:
+    if too_deep(obj):
+        raise DproInputError(path, f"lists/objects nested more than {MAX_DEPTH} deep")
+    return obj
+
+
+def _fast_array(path: Path, reader: _Reader, buf: bytearray, key: str, sink: Callable[[list], None]) -> tuple[Any, bool]:
+    """Slices between ``},{`` boundaries, each parsed by orjson; _NotFast when the file is not
+    an object with ``key`` holding an array of objects (or an array of objects)."""
+    eof = False
+
+    def more() -> bool:
+        nonlocal eof
+        if not eof:
+            chunk = reader.read(_CHUNK)
+            if chunk:
+                buf.extend(chunk)
+                return True
+            eof = True
+        return False
+
+    qkey = orjson.dumps(key)
+    start_re = re.compile(re.escape(qkey) + rb"\s*:\s*\[")
+    lead = buf.lstrip()[:1]
+    top: dict | None
+    if lead == b"[":
+        pos, top = buf.index(b"[") + 1, None
+    elif lead == b"{":
+        searched = 0
+        while not (m := start_re.search(buf, max(0, searched - 1024))):
+            searched = len(buf)
+            if len(buf) > _MAX_SPAN or not more():
+                raise _NotFast
+        top = _loads(bytes(buf[: m.end() - 1]) + b"0}")
+        if not isinstance(top, dict) or top.get(key) != 0:
+            raise _NotFast
+        pos = m.end()
+    else:
+        raise _NotFast
+    while True:
+        while len(buf) - pos < BATCH_BYTES and more():
+            pass
+        m = _CUT.search(buf, pos + BATCH_BYTES) if len(buf) - pos >= BATCH_BYTES else None
+        while m is None and len(buf) - pos >= BATCH_BYTES:
+            if len(buf) - pos > _MAX_SPAN:
+                raise _NotFast
+            old = len(buf)
+            if not more():
+                break
+            m = _CUT.search(buf, max(pos + BATCH_BYTES, old - 1024))
+        if m is None:  # at the end of the file
+            break
+        for _ in range(_MAX_TRIES):
+            try:
+                items = orjson.loads(b"[" + buf[pos: m.start() + 1] + b"]")
+                break
+            except orjson.JSONDecodeError:
+                after = m.end() - 1
+                while not (m := _CUT.search(buf, after)):
+                    if len(buf) - pos > _MAX_SPAN or not more():
+                        raise _NotFast from None
+        else:
+            raise _NotFast
+        sink(_checked(path, items))
+        del items
+        pos = m.end() - 1
+        if pos > 4 * _CHUNK:
+            del buf[:pos]
+            pos = 0
+    rest = bytes(buf[pos:])
+    del buf[:]
+    if top is None:  # a top-level array: the rest is its last items and "]"
+        sink(_checked(path, _loads(b"[" + rest)))
+        return [], True
+    k = len(rest)
+    for _ in range(_MAX_TRIES):
+        k = rest.rfind(b"]", 0, k)
+        if k < 0:
+            break
+        try:
+            tail = orjson.loads(b"{" + qkey + b":0" + rest[k + 1:])
+            items = orjson.loads(b"[" + rest[:k] + b"]")
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(tail, dict) or tail.get(key) != 0:
+            break
+        sink(_checked(path, items))
+        top.update(tail)
+        del top[key]
+        return _checked(path, top), True
+    raise _NotFast
+
+
+def _general_array(path: Path, reader: _Reader, key: str, sink: Callable[[list], None]) -> tuple[Any, bool]:
+    """ijson, event by event: any layout, and the error of invalid JSON."""
+    import ijson
+    from ijson.common import ObjectBuilder
+
+    batch: list = []
+    top: Any = None
+    found = False
+    depth = 0  # containers open
+    in_array = False  # inside the items' array
+    cur_key: Any = None
+    builder: Any = None
+    base = 0  # the depth at which the value being built started
+
+    def done(value: Any) -> None:
+        if in_array:
+            batch.append(value)
+            if len(batch) >= _SLICE:
+                sink(_checked(path, batch))
+                batch.clear()
+        elif isinstance(top, dict):
+            top[cur_key] = value
+
+    try:
+        for _prefix, event, value in ijson.parse(reader, use_float=True):
+            if builder is not None:
+                builder.event(event, value)
+                depth += (event in ("start_map", "start_array")) - (event in ("end_map", "end_array"))
+                if depth == base:
+                    done(builder.value)
+                    builder = None
+                continue
+            if depth == 0:
+                if event == "start_map":
+                    top, depth = {}, 1
+                elif event == "start_array":
+                    top, depth, in_array, found = [], 1, True, True
+                else:
+                    top = value  # a scalar document
+                continue
+            if event in ("end_map", "end_array"):
+                depth -= 1
+                if depth == 1 and in_array:  # the end of the items' array in the object
+                    in_array = False
+                continue
+            if event == "map_key" and depth == 1:
+                cur_key = value
+            elif depth == 1 and cur_key == key and event == "start_array" and isinstance(top, dict):
+                in_array, depth, found = True, 2, True
+                top.pop(key, None)
+            elif event in ("start_map", "start_array"):
+                builder, base = ObjectBuilder(), depth
+                builder.event(event, value)
+                depth += 1
+            else:
+                done(value)
+    except (ijson.JSONError, UnicodeDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DproInputError(path, f"invalid JSON: {first}") from None
+    if batch:
+        sink(_checked(path, batch))
+    if isinstance(top, dict):
+        if key in top:  # the key's last value is not an array
+            found = False
+            del top[key]
+        return _checked(path, top), found
+    return top, found

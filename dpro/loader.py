@@ -7,19 +7,21 @@ from pathlib import Path
 from dpro.errors import DproInputError
 from dpro.gtrace.io import is_gtrace, load_gtrace
 from dpro.gtrace.schema import GTrace
+from dpro.importers.kineto.pool import Mapper
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
 from dpro.jsonio import regular_file_problem
 
 
 def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, cache: bool | None = None,
-               progress: bool | None = None) -> GTrace:
+               progress: bool | None = None, mapper: Mapper | None = None) -> GTrace:
     """Load ``path`` as gTrace if it has a manifest, else import it as Kineto traces.
 
     Either way the result has passed the gTrace checks (dpro.gtrace.validate). An import
     is kept in the trace cache (:mod:`dpro.gtrace.cache`) and taken from it next time
     while the files are unchanged; ``cache`` False skips it (default: on unless
     ``DPRO_NO_CACHE`` is set). ``progress``: a bar per rank imported, on stderr (default:
-    when it is a terminal).
+    when it is a terminal). ``mapper(fn, items)``: how the ranks are imported (see
+    :func:`dpro.importers.kineto.import_kineto`; default: a local process pool for big inputs).
     """
     from dpro.importers.kineto import is_kineto_path
 
@@ -35,11 +37,12 @@ def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, ca
     except OSError as e:
         raise DproInputError(p, f"cannot read: {e.strerror or e}") from None
     if kineto:
-        return _import_cached(p, rank_pattern, cache, progress)
+        return _import_cached(p, rank_pattern, cache, progress, mapper)
     raise DproInputError(p, "neither a gTrace directory (manifest.json) nor torch.profiler traces (*.json[.gz])")
 
 
-def _import_cached(p: Path, rank_pattern: str, cache: bool | None, progress: bool | None) -> GTrace:
+def _import_cached(p: Path, rank_pattern: str, cache: bool | None, progress: bool | None,
+                   mapper: Mapper | None = None) -> GTrace:
     """``import_kineto`` + validate, through the trace cache."""
     from dpro.gtrace.cache import TraceCache, default_dir, enabled_by_default
     from dpro.gtrace.validate import validate
@@ -55,7 +58,7 @@ def _import_cached(p: Path, rank_pattern: str, cache: bool | None, progress: boo
             key = None  # unreadable: the import says why
         if key is not None and (gt := store.load(key)) is not None:
             return gt
-    gt = import_kineto(p, rank_pattern, progress=progress)
+    gt = import_kineto(p, rank_pattern, progress=progress, mapper=mapper)
     validate(gt)
     if key is not None:
         store.store(key, gt)

@@ -251,7 +251,7 @@ def test_cli_simulate(run_cli) -> None:
 
 def test_layer_shapes_from_kineto_events() -> None:
     """The importer keeps the first shaped op of each layer annotation (innermost layer wins)."""
-    from dpro.importers.kineto.read import RankFile
+    from dpro.importers.kineto.read import RankFile, compact_events
     from dpro.importers.kineto.shapes import layer_shapes
 
     def ev(name, cat, ts, dur, args=None):
@@ -269,7 +269,8 @@ def test_layer_shapes_from_kineto_events() -> None:
         ev("aten::conv2d", "cpu_op", 201, 40, {"Input Dims": [[4, 3, 32, 32]]}),
         ev("aten::relu", "cpu_op", 300, 5, {"Input Dims": [[8, 16]]}),  # outside any layer
     ]
-    out = layer_shapes(RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None, events=events))
+    out = layer_shapes(RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None,
+                                    events=compact_events(events)))
     assert set(out) == {"block", "block.conv"}
     assert out["block.conv"]["op"] == "aten::conv2d" and out["block.conv"]["dims"][0] == [8, 3, 32, 32]
     assert out["block.conv"]["concrete"][3] == "[1, 1]"

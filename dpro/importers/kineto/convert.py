@@ -7,13 +7,16 @@ import difflib
 import statistics
 import logging
 from collections import Counter, defaultdict
-from dataclasses import replace
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpro.errors import DproInputError
+from dpro.jsonio import ReadOptions, current_read_options, read_options
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
-from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, load_rank_files, trace_files
+from dpro.importers.kineto.pool import Mapper, default_mapper
+from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, check_rank_pattern, load_rank_file, trace_files
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import (
@@ -37,9 +40,9 @@ def _main_tid(rf: RankFile) -> object:
     with most CPU operators, else (a GPU-only trace) most runtime calls; None without any."""
     marks, on_cpu = step_markers(rf)
     if on_cpu:
-        return marks[0].get("tid")
+        return marks[0].tid
     for cats in (("cpu_op",), tuple(CPU_CATS)):
-        counts = Counter(e.get("tid") for e in rf.events if e.get("ph") == "X" and e.get("cat") in cats)
+        counts = Counter(e.tid for e in rf.events if e.cat in cats)
         if counts:
             return counts.most_common(1)[0][0]
     return None
@@ -128,9 +131,8 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
         notes.append(f"{rf.path.name}: no CPU-side ProfilerStep spans; steps taken from the GPU timeline's "
                      f"ProfilerStep annotations (gpu_user_annotation)")
     if not steps:
-        xs = [e for e in rf.events if e.get("ph") == "X" and "ts" in e]
-        t0 = min(float(e["ts"]) for e in xs)
-        t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in xs)
+        t0 = min(e.ts for e in rf.events)
+        t1 = max(e.ts + e.dur for e in rf.events)
         steps = {0: (t0, t1)}
         notes.append(f"{rf.path.name}: no ProfilerStep markers; the whole trace is one step")
     segs, gloo = cpu_segments(rf, _main_tid(rf))
@@ -505,23 +507,35 @@ _SUB_OP = {
 }
 
 
-def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, progress: bool | None = None) -> GTrace:
-    """Read a directory (or one file) of torch.profiler traces as a GTrace.
+@dataclass(frozen=True)
+class RankTask:
+    """One rank file to import: what :func:`import_rank` needs, picklable."""
 
-    ``progress``: show a progress bar on stderr (default: when stderr is a terminal).
-    """
-    path = Path(path)
-    n_files = len(trace_files(path))
-    with progress_bar(2 * n_files, "importing traces", enabled=progress) as tick:
-        rfs = load_rank_files(path, rank_pattern, tick)
-        return _convert_all(path, rfs, tick)
+    path: Path
+    rank_pattern: str
+    #: the file's place in the sorted file list (its rank when nothing else says one)
+    index: int
+    #: the read options of the caller (a worker process does not inherit them)
+    options: ReadOptions = field(default_factory=ReadOptions)
 
 
-def _convert_all(path: Path, rfs: list[RankFile], tick) -> GTrace:
-    notes: list[str] = []
-    nodes = {}
-    for rf in rfs:
-        tick(rf.path.name)
+@dataclass
+class RankResult:
+    """One rank, imported: all that the cross-rank join needs (the raw events are gone)."""
+
+    path: Path
+    rank: int
+    world_size: int | None
+    backend: str | None
+    node: NodeTrace
+    notes: list[str] = field(default_factory=list)
+
+
+def import_rank(task: RankTask) -> RankResult:
+    """Read and convert one rank file (a top-level function: it may run in a worker process)."""
+    with read_options(**{f.name: getattr(task.options, f.name) for f in fields(ReadOptions)}):
+        rf = load_rank_file(task.path, task.rank_pattern, task.index)
+        notes: list[str] = []
         try:
             nt = convert_rank(rf, notes)
         except DproInputError:
@@ -530,15 +544,67 @@ def _convert_all(path: Path, rfs: list[RankFile], tick) -> GTrace:
             raise DproInputError(rf.path, f"cannot interpret this Kineto trace ({type(e).__name__}: {e})") from None
         if not any(ev.op != f"{STEP_END}@cpu:main" for ev in nt.events):
             raise DproInputError(rf.path, "empty trace: no operator events inside the profiled steps")
-        nt.info.events = rf.path.name
-        nodes[nt.info.name] = nt
-    world = max([rf.world_size or 0 for rf in rfs] + [max(rf.rank for rf in rfs) + 1])
-    backend = next((rf.backend for rf in rfs if rf.backend), None) or ("nccl" if any(
+        return RankResult(path=rf.path, rank=rf.rank, world_size=rf.world_size, backend=rf.backend, node=nt, notes=notes)
+
+
+def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, progress: bool | None = None,
+                  mapper: Mapper | None = None) -> GTrace:
+    """Read a directory (or one file) of torch.profiler traces as a GTrace.
+
+    Each rank file is read and converted on its own by :func:`import_rank` (its raw events
+    are dropped before the next one); the ranks are then joined. ``mapper(fn, items)``
+    runs ``fn`` on each item and returns the results in item order (default: serially for
+    one rank or small inputs, else a local process pool, :mod:`dpro.importers.kineto.pool`).
+    ``progress``: show a progress bar on stderr (default: when stderr is a terminal).
+    """
+    path = Path(path)
+    files = trace_files(path)
+    check_rank_pattern(rank_pattern)
+    opts = current_read_options()
+    tasks = [RankTask(p, rank_pattern, i, opts) for i, p in enumerate(files)]
+    if mapper is None:
+        mapper = default_mapper(len(files), sum(_size(p) for p in files))
+    results = []
+    with progress_bar(len(files), "importing traces", enabled=progress) as tick:
+        try:
+            for r in mapper(import_rank, tasks):
+                results.append(r)
+                tick(r.path.name)
+        except BrokenProcessPool:
+            raise DproInputError(path, "a worker process importing the rank files died (out of memory?)") from None
+    return join_ranks(path, results)
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def join_ranks(path: Path, results: list[RankResult]) -> GTrace:
+    """The GTrace of the imported ranks: one job (distinct ranks, one world size)."""
+    seen: dict[int, Path] = {}
+    for r in results:
+        if r.rank in seen:
+            raise DproInputError(r.path, f"rank {r.rank} also in {seen[r.rank].name} (set --rank-pattern?)")
+        seen[r.rank] = r.path
+    sized = [r for r in results if r.world_size is not None]
+    for r in sized[1:]:
+        if r.world_size != sized[0].world_size:
+            raise DproInputError(
+                r.path, f"world_size {r.world_size}, but {sized[0].path.name} says {sized[0].world_size}: not one job"
+            )
+    results = sorted(results, key=lambda r: r.rank)
+    notes = [n for r in results for n in r.notes]
+    nodes = {r.node.info.name: r.node for r in results}
+    world = max([r.world_size or 0 for r in results] + [max(r.rank for r in results) + 1])
+    backend = next((r.backend for r in results if r.backend), None) or ("nccl" if any(
         is_comm_kernel(op.name) for nt in nodes.values() for op in nt.ops.values()) else "gloo")
     common = sorted(set.intersection(*(set(nt.steps) for nt in nodes.values())))
-    if len(rfs) < world:
+    if len(results) < world:
         notes.append(
-            f"{len(rfs)} of {world} ranks present: collectives keep their measured durations (peers absent)"
+            f"{len(results)} of {world} ranks present: collectives keep their measured durations (peers absent)"
         )
     manifest = Manifest(
         framework="pytorch",
@@ -547,8 +613,6 @@ def _convert_all(path: Path, rfs: list[RankFile], tick) -> GTrace:
         world_size=world,
         nodes=[nt.info for nt in nodes.values()],
         steps=common,
-        meta={"importer": "kineto", "source": str(path), "files": {nt.info.name: str(rf.path) for nt, rf in zip(nodes.values(), rfs)}},
+        meta={"importer": "kineto", "source": str(path), "files": {r.node.info.name: str(r.path) for r in results}},
     )
-    for nt in nodes.values():
-        nt.info.events = ""
     return GTrace(manifest=manifest, nodes=nodes, source=None, notes=notes)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from dpro.contracts.recording import META_SUFFIX
 from dpro.errors import DproInputError, brief, one_line
-from dpro.jsonio import current_read_options, read_json, regular_file_problem
+from dpro.jsonio import current_read_options, read_array_stream, regular_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +28,37 @@ LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kerne
                "Memset": "gpu_memset"}
 
 
+#: the ``args`` of an event that the importer reads; the others are dropped as it streams
+KEPT_ARGS = frozenset({
+    "Sequence number", "correlation", "device", "stream", "Collective name", "In msg nelems", "dtype", "Input Dims",
+    "Input type", "Concrete Inputs", "Process Group Name", "Process Group Ranks",
+})
+
+
+@dataclass(slots=True)
+class KEvent:
+    """A complete ('X') event as the converter needs it: checked, compact (``name``,
+    ``cat`` and ``tid`` shared between events, only :data:`KEPT_ARGS` of its ``args``,
+    equal ``args`` shared too: read-only)."""
+
+    name: str
+    #: legacy categories already read as their modern names (``LEGACY_CATS``); None: none given
+    cat: str | None
+    ts: float
+    dur: float
+    tid: object = None
+    args: dict | None = None
+
+
 @dataclass
 class RankFile:
-    """One rank's Kineto trace as loaded from disk."""
+    """One rank's Kineto trace as loaded from disk: its complete events, compact."""
 
     path: Path
     rank: int
     world_size: int | None
     backend: str | None
-    events: list[dict]
+    events: list[KEvent]
     meta: dict = field(default_factory=dict)
     #: events whose legacy category (``LEGACY_CATS``) was read as its modern name
     legacy: int = 0
@@ -77,17 +100,81 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_NUM_TYPES = frozenset({int, float})
+#: kept args that differ from event to event: not worth sharing
+_UNIQUE_ARGS = frozenset({"correlation", "Sequence number"})
+_ID_TYPES = frozenset({int, str})
+
+
 def _is_num(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
-def _check_events(path: Path, evs: list) -> None:
-    """Complete ('X') events must be well-formed: the importer relies on it."""
-    has_op = False
-    for i, e in enumerate(evs):
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        name = e.get("name")
+class _Collector:
+    """Checks each raw event as it streams in and keeps the complete ones as KEvents."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reset()
+
+    def reset(self) -> None:
+        self.events: list[KEvent] = []
+        self.index = 0  # of the next raw event in traceEvents
+        self.legacy = 0
+        self.has_op = False
+        self.cats: set[str] = set()
+        self._strings: dict = {}
+        #: one copy of each distinct kept ``args`` (read-only from here on)
+        self._args: dict[bytes, dict] = {}
+
+    def _shared(self, s: str) -> str:
+        return self._strings.setdefault(s, s)
+
+    def add(self, batch: list) -> None:
+        """Check and keep ``batch`` (raw events), whose first is ``traceEvents[self.index]``."""
+        shared, out, num, ids = self._strings.setdefault, self.events, _NUM_TYPES, _ID_TYPES
+        same_args = self._args.setdefault
+        i = self.index - 1
+        for e in batch:
+            i += 1
+            if type(e) is not dict or e.get("ph") != "X":
+                continue
+            ts, dur, tid, args = e.get("ts"), e.get("dur", 0), e.get("tid"), e.get("args")
+            # the common case in one test; any doubt goes to _check, which says what is wrong
+            if not (type(ts) in num and type(dur) in num and 0 <= dur and abs(ts) + dur < MAX_RAW_TIME
+                    and (type(tid) in ids or (tid is None and "tid" not in e))
+                    and (type(args) is dict or args is None) and type(e.get("pid", 0)) in ids):
+                self._check(i, e)
+            name = e.get("name", "")
+            cat = e.get("cat")
+            if cat is not None:
+                if type(cat) is not str:
+                    cat = str(cat)
+                if cat in LEGACY_CATS:
+                    cat = LEGACY_CATS[cat]
+                    self.legacy += 1
+                cat = shared(cat, cat)
+            if not self.has_op:
+                self.has_op = cat in OP_CATS
+                self.cats.add(str(e.get("cat")))
+            if args:
+                keys = args.keys() & KEPT_ARGS
+                if keys:
+                    args = {k: args[k] for k in keys}
+                    if keys.isdisjoint(_UNIQUE_ARGS):  # shapes repeat from step to step: one copy
+                        args = same_args(orjson.dumps(args, option=orjson.OPT_SORT_KEYS), args)
+                else:
+                    args = None
+            else:
+                args = None
+            if type(name) is not str:
+                name = str(name)
+            out.append(KEvent(shared(name, name), cat, float(ts), float(dur), shared(tid, tid), args))
+        self.index = i + 1
+
+    def _check(self, i: int, e: dict) -> None:
+        """Raise the error of complete event ``e`` (``traceEvents[i]``), if it has one."""
+        path, name = self.path, e.get("name")
         what = f"traceEvents[{i}]" + (f" ({name[:80]})" if isinstance(name, str) else "")
         ts, dur = e.get("ts"), e.get("dur", 0)
         if not _is_num(ts):
@@ -103,27 +190,32 @@ def _check_events(path: Path, evs: list) -> None:
         for k in ("pid", "tid"):
             if k in e and not isinstance(e[k], (int, str)):
                 raise DproInputError(path, f"{what}: '{k}' is neither a number nor a string")
-        has_op = has_op or e.get("cat") in OP_CATS
-    if not has_op:
-        cats = sorted({str(e.get("cat")) for e in evs if isinstance(e, dict) and e.get("ph") == "X"})
-        raise DproInputError(
-            path,
-            f"empty trace: no operator events (no 'X' events of category {', '.join(OP_CATS[:4])}, ...; "
-            f"categories found: {', '.join(cats)})",
-        )
+
+
+def compact_events(events: list) -> list[KEvent]:
+    """The KEvents of raw events (a list of Chrome-trace event dicts), as the reader keeps them."""
+    c = _Collector(Path("events"))
+    c.add(events)
+    return c.events
 
 
 def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
-    """Load one file; rank from ``distributedInfo``, else the file-name pattern, else ``index``."""
-    d = read_json(path)
+    """Load one file, streaming its events; rank from ``distributedInfo``, else the
+    file-name pattern, else ``index``."""
+    c = _Collector(path)
+    d, found = read_array_stream(path, "traceEvents", c.add, c.reset)
     if isinstance(d, list):
-        d = {"traceEvents": d}
-    if not isinstance(d, dict) or not isinstance(d.get("traceEvents"), list):
+        d = {}
+    if not isinstance(d, dict) or not found:
         raise DproInputError(path, "not a Chrome trace (no 'traceEvents' list)")
-    events = [e for e in d["traceEvents"] if isinstance(e, dict)]
-    if not any(e.get("ph") == "X" for e in events):
+    if not c.events:
         raise DproInputError(path, "empty trace: no complete ('X') events")
-    _check_events(path, d["traceEvents"])
+    if not c.has_op:
+        raise DproInputError(
+            path,
+            f"empty trace: no operator events (no 'X' events of category {', '.join(OP_CATS[:4])}, ...; "
+            f"categories found: {', '.join(sorted(c.cats))})",
+        )
     info = d.get("distributedInfo") if isinstance(d.get("distributedInfo"), dict) else {}
     rank = info.get("rank")
     if not _is_int(rank):
@@ -141,50 +233,22 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     if ws is not None and rank >= ws:
         raise DproInputError(path, f"rank {rank} is outside world_size {ws} (distributedInfo)")
     backend = info.get("backend")
-    legacy = 0
-    for e in events:
-        cat = e.get("cat")
-        if isinstance(cat, str) and cat in LEGACY_CATS:
-            e["cat"] = LEGACY_CATS[cat]
-            legacy += 1
     return RankFile(
         path=path,
         rank=rank,
         world_size=ws,
         backend=backend if isinstance(backend, str) else None,
-        events=events,
+        events=c.events,
         meta={k: d[k] for k in ("deviceProperties", "host_name") if k in d},
-        legacy=legacy,
+        legacy=c.legacy,
     )
 
 
-def load_rank_files(
-    path: Path, rank_pattern: str = DEFAULT_RANK_PATTERN, tick: Callable[[str], None] | None = None
-) -> list[RankFile]:
-    """All rank files of a Kineto directory, sorted by rank; duplicate ranks are an error.
-
-    ``tick(file name)`` is called after each file is loaded (progress reporting).
-    """
+def check_rank_pattern(rank_pattern: str) -> None:
+    """A usable ``--rank-pattern``: a regular expression with a group (the rank)."""
     try:
         groups = re.compile(rank_pattern).groups
     except re.error as e:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': {e}") from None
     if groups < 1:
         raise DproInputError(None, f"bad --rank-pattern '{rank_pattern}': needs a group, e.g. rank(\\d+)")
-    ranks = []
-    for i, p in enumerate(trace_files(path)):
-        ranks.append(load_rank_file(p, rank_pattern, i))
-        if tick:
-            tick(p.name)
-    seen: dict[int, Path] = {}
-    for r in ranks:
-        if r.rank in seen:
-            raise DproInputError(r.path, f"rank {r.rank} also in {seen[r.rank].name} (set --rank-pattern?)")
-        seen[r.rank] = r.path
-    sized = [r for r in ranks if r.world_size is not None]
-    for r in sized[1:]:
-        if r.world_size != sized[0].world_size:
-            raise DproInputError(
-                r.path, f"world_size {r.world_size}, but {sized[0].path.name} says {sized[0].world_size}: not one job"
-            )
-    return sorted(ranks, key=lambda r: r.rank)

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
-from dpro.importers.kineto.read import RankFile
+from dpro.importers.kineto.read import KEvent, RankFile
 
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "Runtime"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
@@ -90,7 +90,7 @@ class CommInfo:
     pg: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Ev:
     name: str
     cat: str
@@ -198,22 +198,22 @@ def is_comm_kernel(name: str) -> bool:
 CPU_STEP_CATS = frozenset({"user_annotation", "cpu_op"})
 
 
-def step_markers(rf: RankFile) -> tuple[list[dict], bool]:
+def step_markers(rf: RankFile) -> tuple[list[KEvent], bool]:
     """The ProfilerStep#N spans that define the steps, and whether they are CPU-side.
 
     The CPU-side spans (on the thread that holds most of them) when there are any; else
     every ProfilerStep#N span (the GPU annotation timeline's copies).
     """
-    marks = [e for e in rf.events if e.get("ph") == "X" and _STEP_RE.match(str(e.get("name", "")))]
-    cpu = [e for e in marks if e.get("cat") in CPU_STEP_CATS]
+    marks = [e for e in rf.events if e.name.startswith("ProfilerStep#") and _STEP_RE.match(e.name)]
+    cpu = [e for e in marks if e.cat in CPU_STEP_CATS]
     if not cpu:
         return marks, False
     per_tid: dict[object, int] = {}
     for e in cpu:
-        per_tid[e.get("tid")] = per_tid.get(e.get("tid"), 0) + 1
+        per_tid[e.tid] = per_tid.get(e.tid, 0) + 1
     best = max(per_tid.values())
-    tid = next(e.get("tid") for e in cpu if per_tid[e.get("tid")] == best)
-    return [e for e in cpu if e.get("tid") == tid], True
+    tid = next(e.tid for e in cpu if per_tid[e.tid] == best)
+    return [e for e in cpu if e.tid == tid], True
 
 
 def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
@@ -221,18 +221,18 @@ def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
     longest span where a step number repeats)."""
     steps: dict[int, tuple[float, float]] = {}
     for e in step_markers(rf)[0]:
-        n = int(_STEP_RE.match(str(e["name"])).group(1))  # type: ignore[union-attr]
-        t0 = float(e["ts"])
-        t1 = t0 + float(e.get("dur", 0))
+        n = int(_STEP_RE.match(e.name).group(1))  # type: ignore[union-attr]
+        t0 = e.ts
+        t1 = t0 + e.dur
         if n not in steps or t1 - t0 > steps[n][1] - steps[n][0]:
             steps[n] = (t0, t1)
     return steps
 
 
-def _build_trees(evs: list[dict]) -> list[_Ev]:
+def _build_trees(evs: list[KEvent]) -> list[_Ev]:
     """Nest one thread's events by time; returns the roots."""
     items = sorted(
-        (_Ev(str(e.get("name", "")), str(e.get("cat", "")), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("args") or {}) for e in evs),
+        (_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or {}) for e in evs),
         key=lambda x: (x.ts, -x.end),
     )
     roots: list[_Ev] = []
@@ -346,12 +346,12 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
 
     Returns (cpu segments, gloo-style collective segments in start order).
     """
-    by_tid: dict[object, list[dict]] = {}
+    by_tid: dict[object, list[KEvent]] = {}
     for e in rf.events:
-        if e.get("ph") == "X" and e.get("cat") in CPU_CATS and "ts" in e:
-            by_tid.setdefault(e.get("tid"), []).append(e)
+        if e.cat in CPU_CATS:
+            by_tid.setdefault(e.tid, []).append(e)
     thread_names: dict[object, str] = {}
-    order = ([main_tid] if main_tid in by_tid else []) + sorted((t for t in by_tid if t != main_tid), key=lambda t: min(float(e["ts"]) for e in by_tid[t]))
+    order = ([main_tid] if main_tid in by_tid else []) + sorted((t for t in by_tid if t != main_tid), key=lambda t: min(e.ts for e in by_tid[t]))
     segs: list[Seg] = []
     comm: list[Seg] = []
     for tid in order:
@@ -385,12 +385,12 @@ def gpu_segments(rf: RankFile) -> list[Seg]:
     """Kernels, memcpys and memsets, one device per (GPU, stream)."""
     out = []
     for e in rf.events:
-        if e.get("ph") != "X" or e.get("cat") not in GPU_CATS or "ts" not in e:
+        if e.cat not in GPU_CATS:
             continue
-        a = e.get("args") or {}
-        dev = f"gpu{a.get('device', 0)}:s{a.get('stream', e.get('tid'))}"
-        name = str(e.get("name", ""))
-        s = Seg(dev, name, float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        a = e.args or {}
+        dev = f"gpu{a.get('device', 0)}:s{a.get('stream', e.tid)}"
+        name = e.name
+        s = Seg(dev, name, e.ts, e.ts + e.dur)
         s.corr = int(a["correlation"]) if "correlation" in a else None
         if is_comm_kernel(name):
             s.cat = "COMM"

@@ -10,7 +10,7 @@ them from ``NodeTrace.meta[LAYER_SHAPES]``: ``{layer: {"op", "dims", "types", "c
 from __future__ import annotations
 
 from dpro.contracts.recording import LAYER_PREFIX
-from dpro.importers.kineto.read import RankFile
+from dpro.importers.kineto.read import KEvent, RankFile
 
 #: key of the per-layer shapes in ``NodeTrace.meta``
 LAYER_SHAPES = "layer_shapes"
@@ -19,26 +19,26 @@ LAYER_SHAPES = "layer_shapes"
 def layer_shapes(rf: RankFile) -> dict[str, dict]:
     """``{layer: {"op", "dims", "types", "concrete"}}`` of the first operator with recorded
     shapes in each layer's first call (empty without layer annotations or shapes)."""
-    by_tid: dict[object, list[dict]] = {}
+    by_tid: dict[object, list[KEvent]] = {}
     for e in rf.events:
-        if e.get("ph") == "X" and "ts" in e and e.get("cat") in ("cpu_op", "user_annotation"):
-            by_tid.setdefault(e.get("tid"), []).append(e)
+        if e.cat in ("cpu_op", "user_annotation"):
+            by_tid.setdefault(e.tid, []).append(e)
     out: dict[str, dict] = {}
     for evs in by_tid.values():
-        evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+        evs.sort(key=lambda e: (e.ts, -e.dur))
         stack: list[tuple[float, str]] = []  # (end, layer) of the open layer annotations
         for e in evs:
-            ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+            ts, end = e.ts, e.ts + e.dur
             while stack and stack[-1][0] <= ts:
                 stack.pop()
-            name = str(e.get("name", ""))
-            if e.get("cat") == "user_annotation":
+            name = e.name
+            if e.cat == "user_annotation":
                 if name.startswith(LAYER_PREFIX):
                     stack.append((end, name[len(LAYER_PREFIX):]))
                 continue
             if not stack or stack[-1][1] in out:
                 continue
-            a = e.get("args") or {}
+            a = e.args or {}
             dims = a.get("Input Dims")
             if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
                 out[stack[-1][1]] = {"op": name, "dims": dims, "types": a.get("Input type") or [],
