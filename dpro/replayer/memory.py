@@ -207,7 +207,7 @@ def estimate_record(worker: str, mem: dict | None, times: dict[str, tuple[float,
     if missing:
         notes.append(f"{missing} bytes allocated by ops that are not in the schedule were left out")
     if ops_mem is None and mem:
-        notes.append("the trace has no allocation events: static tensors only (record them with `dpro profile --memory`)")
+        notes.append("the trace has no allocation events (profile_memory off): static tensors only")
     if mem.get("unattributed_bytes"):
         notes.append(f"{mem['unattributed_bytes']} bytes per step allocated outside the main thread's ops are not placed")
     timeline, peak, peak_t, peak_op = live_timeline(base, ops)
