@@ -73,6 +73,9 @@ CAP_MBIT = {"mlp": 1000.0, "convnet": 200.0, "transformer": 200.0, "conv": 200.0
 #: profiling window (warm-up, profiled steps) and calls after it, per path
 WINDOW = {"ddp": (5, 5, 10), "hvd": (5, 5, 10), "tf": (5, 5, 10), "mx": (12, 8, 10)}
 RUN_TIMEOUT_S = 900
+#: a variant with ``DIRECT=1`` runs the recorder without `dpro profile`: the ranks get
+#: DPRO_TRACE_DIR/WARMUP/STEPS but no HOROVOD_TIMELINE (no Horovod timeline, no writer thread)
+DIRECT = "DIRECT"
 
 
 @dataclass(frozen=True)
@@ -164,14 +167,21 @@ def launch(job: Job, run_dir: Path, variant: str, env_extra: dict[str, str], net
            ports: fid.PortAllocator, log) -> Run:
     """One run of ``job`` (``variant`` "off": dpro disabled), timed by the job itself."""
     on = variant != "off"
+    env_extra = dict(env_extra)
+    direct = env_extra.pop(DIRECT, "") == "1"  # recorder on without `dpro profile`
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
+    build = on and not direct
     if job.path in ("ddp", "hvd"):
-        cmds = _torch_commands(job, run_dir, on, net, ports.take())
+        cmds = _torch_commands(job, run_dir, build, net, ports.take())
     elif job.path == "tf":
-        cmds = [_tf_command(job, run_dir, on)]
+        cmds = [_tf_command(job, run_dir, build)]
     else:
-        cmds = [_mx_command(job, run_dir, on)]
+        cmds = [_mx_command(job, run_dir, build)]
+    if on and direct:  # the environment `dpro profile` sets, less HOROVOD_TIMELINE
+        w, s, _ = WINDOW[job.path]
+        rec = [f"DPRO_TRACE_DIR={run_dir / 'raw'}", f"DPRO_WARMUP={w}", f"DPRO_STEPS={s}"]
+        cmds = [[x for a in c for x in (rec if a == "DPRO_DISABLE=1" else [a])] for c in cmds]
     if on and env_extra:
         cmds = [["env", *[f"{k}={v}" for k, v in env_extra.items()], *c] for c in cmds]
     t0 = time.monotonic()

@@ -10,10 +10,9 @@ min..max; and for ``off`` against itself (the first and the second half of each 
 unprofiled window) the same, the noise floor.
 
 Configurations: ``plain`` (CPU activity only: op names, threads, times), ``+layers`` (the
-recorder's ``dpro.layer::`` annotation per module, forward hooks), ``+shapes``
-(``record_shapes``), ``+memory`` (``profile_memory``), ``+shapes+memory``, ``recorder``
-(what the recorder does by default: plain + layers) and ``recorder-old`` (layers + shapes +
-memory, the default before #31).
+recorder's ``dpro.layer::`` annotation per module, forward hooks: what the recorder
+records by default), ``+shapes`` (``record_shapes``), ``+memory`` (``profile_memory``),
+``+shapes+memory`` and ``recorder-old`` (layers + shapes + memory, the default before #31).
 
     .venv/bin/python benchmarks/overhead_options.py --model transformer --rounds 8
 """

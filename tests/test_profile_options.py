@@ -82,3 +82,27 @@ def test_cli_passes_the_switches(tmp_path):
                            timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
         assert r.returncode == 2, r.stderr  # nothing recorded: the job has no Recorder
         assert list(json.loads(probe.read_text()).values()) == want
+
+
+def test_tf_host_tracer_level_and_deferred_write(monkeypatch):
+    monkeypatch.setenv("DPRO_TF_HOST_TRACER_LEVEL", "1")
+    monkeypatch.setenv("DPRO_DEFER_WRITE", "0")
+    c = RecordConfig.resolve("out", None, None)
+    assert (c.tf_host_tracer_level, c.defer_write, c.enabled) == (1, False, True)
+    monkeypatch.setenv("DPRO_TF_HOST_TRACER_LEVEL", "5")
+    c = RecordConfig.resolve("out", None, None)
+    assert not c.enabled and "DPRO_TF_HOST_TRACER_LEVEL=5" in (c.problem or "")
+
+
+def test_trace_written_after_the_window_not_in_it(tmp_path):
+    """Deferred (default): the rank's files appear once the calls after the window are timed
+    (here: at exit), with the after-window walls in the meta; DPRO_DEFER_WRITE=0: the same files."""
+    pytest.importorskip("torch")
+    for defer in ("1", "0"):
+        out = tmp_path / f"d{defer}"
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DPRO_DEFER_WRITE": defer}
+        r = subprocess.run([sys.executable, "-c", JOB, str(out)], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        meta = json.loads((out / "rank0.meta.json").read_text())
+        assert meta["steps"] == [1, 2] and len(meta["step_wall_after_us"]) == 1
+        assert (out / "rank0.json.gz").stat().st_size > 0

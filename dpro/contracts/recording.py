@@ -49,6 +49,9 @@ ENV_RECORD_SHAPES = "DPRO_RECORD_SHAPES"
 #: ``1``/``0``: the profiler records every allocation and free (``dpro profile --memory``;
 #: the allocation-based memory estimates, docs/memory.md)
 ENV_PROFILE_MEMORY = "DPRO_PROFILE_MEMORY"
+#: TensorFlow: the host tracer's level in the window (default 2: every executor op; 1 keeps
+#: only the ops TF deems expensive, so the DFG loses ops)
+ENV_TF_HOST_TRACER_LEVEL = "DPRO_TF_HOST_TRACER_LEVEL"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"

@@ -16,6 +16,7 @@ from dpro.contracts.recording import (
     ENV_PROFILE_MEMORY,
     ENV_RECORD_SHAPES,
     ENV_STEPS,
+    ENV_TF_HOST_TRACER_LEVEL,
     ENV_TRACE_DIR,
     ENV_WARMUP,
 )
@@ -47,6 +48,8 @@ class RecordConfig:
     profile_memory: bool = DEFAULT_PROFILE_MEMORY
     #: export the trace after the calls timed after the window (or at exit), not inside the window's last call
     defer_write: bool = True
+    #: TensorFlow's host tracer level in the window
+    tf_host_tracer_level: int = 2
     #: why recording is off although not disabled on purpose (a bad ``DPRO_*`` value)
     problem: str | None = None
 
@@ -68,6 +71,10 @@ class RecordConfig:
         shapes = _env_bool(ENV_RECORD_SHAPES, DEFAULT_RECORD_SHAPES, problems)
         memory = _env_bool(ENV_PROFILE_MEMORY, DEFAULT_PROFILE_MEMORY, problems)
         defer = _env_bool(ENV_DEFER_WRITE, True, problems)
+        tf_level = _env_int(ENV_TF_HOST_TRACER_LEVEL, 2, 1, problems)
+        if tf_level > 3:
+            problems.append(f"{ENV_TF_HOST_TRACER_LEVEL}={tf_level} is outside 1..3")
+            tf_level = 2
         raw_out = out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT)
         if not str(raw_out) or "\0" in str(raw_out):
             problems.append(f"{ENV_TRACE_DIR}={str(raw_out)!r} is not a directory name")
@@ -86,6 +93,7 @@ class RecordConfig:
             record_shapes=shapes,
             profile_memory=memory,
             defer_write=defer,
+            tf_host_tracer_level=tf_level,
             problem="; ".join(problems) or None,
         )
 
