@@ -7,8 +7,11 @@
     def train_one_step(batch): ...
 
 The recorder counts calls of the decorated step function; calls ``warmup`` to
-``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
-output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
+``warmup + steps - 1`` are profiled, then the profiler stops and this rank's part of the
+trace is written to the output directory (``dpro profile`` sets it; default
+``./dpro_traces``): by a backend that can defer it (PyTorch), after the calls timed after
+the window or at exit, so that no step waits for the export (``DPRO_DEFER_WRITE=0``: at
+once, inside the window's last call). Outside the window
 a call costs one counter increment and a comparison (and in Horovod jobs a clock read:
 keeping Horovod's timeline writer parked, dpro.profiler.horovod.writer). The ``after``
 calls that follow the window are timed too (two clock reads each) and their wall times
