@@ -271,9 +271,15 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
               help="MXNet: keep operator bulking in the window, so the job communicates as it does unprofiled "
                    "(a bulked segment is then one op). Off by default: the window runs unbulked to see each op, "
                    "which can change a parameter-server job's pace (docs/profiling.md).")
+@click.option("--shapes/--no-shapes", "record_shapes", default=None,
+              help="PyTorch: record every op's input shapes (torch.profiler record_shapes), which `dpro oracle` "
+                   "needs for its layer sizes. Default: off (it slows the profiled steps; docs/profiling.md).")
+@click.option("--memory/--no-memory", "profile_memory", default=None,
+              help="PyTorch: record every allocation and free in the window (torch.profiler profile_memory), "
+                   "for the allocation-based memory estimates (docs/memory.md). Default: off.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_keep_bulking: bool,
-            command: tuple[str, ...]) -> None:
+            record_shapes: bool | None, profile_memory: bool | None, command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -295,7 +301,8 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
     if warmup < 0 or steps < 1:
         raise click.BadParameter("need --warmup >= 0 and --steps >= 1")
     res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile,
-                      mxnet_keep_bulking=mxnet_keep_bulking)
+                      mxnet_keep_bulking=mxnet_keep_bulking, record_shapes=record_shapes,
+                      profile_memory=profile_memory)
     click.echo(f"dpro: {res.message}", err=True)
     if res.out is not None:
         click.echo(f"dpro: next: dpro replay {res.out}", err=True)
