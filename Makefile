@@ -16,7 +16,7 @@ $(BIN)/python:
 # pip install -e also builds the compiled replay core (setup.py) with the machine's C compiler.
 setup: $(BIN)/python
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,ray]"
 	$(MAKE) -s -C native/nccl_patch
 
 # Horovod 0.28.1, CPU-only with gloo, built from its sdist (see scripts/install_horovod.sh).

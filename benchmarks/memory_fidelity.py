@@ -249,7 +249,7 @@ def run_config(name: str, work: Path) -> list[dict]:
 
     model, opt, set_to_none, view = CONFIGS[name]
     traces, truth = work / name / "traces", work / name / "truth"
-    cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(WARMUP),
+    cmd = [sys.executable, "-m", "dpro.cli", "profile", "--memory", "-o", str(traces), "--warmup", str(WARMUP),
            "--steps", str(STEPS), "--force", "--", *_job([], model, opt, set_to_none, view)]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     if r.returncode:

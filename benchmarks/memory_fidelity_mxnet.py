@@ -150,7 +150,7 @@ def run_config(name: str, work: Path) -> list[dict]:
     from dpro.replayer.replay import replay
 
     traces, truth = work / name / "traces", work / name / "truth"
-    cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(WARMUP),
+    cmd = [sys.executable, "-m", "dpro.cli", "profile", "--memory", "-o", str(traces), "--warmup", str(WARMUP),
            "--steps", str(STEPS), "--force", "--", *_job(name, [])]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     if r.returncode:

@@ -92,7 +92,7 @@ def run_case(name: str, work: Path, repeats: int = 2) -> dict:
     model, opt, set_to_none, view = mf.CONFIGS[config]
     d = work / name
     traces = d / "traces"
-    _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(traces), "--warmup", str(PROFILE_WARMUP), "--steps",
+    _run([sys.executable, "-m", "dpro.cli", "profile", "--memory", "-o", str(traces), "--warmup", str(PROFILE_WARMUP), "--steps",
           str(mf.STEPS), "--force", *(["--measure-compile"] if amp == "compile" else []), "--",
           *mf._job(PROFILE_STEPS, model, opt, set_to_none, view)], "dpro profile")
     gt = load_gtrace(traces)
@@ -116,7 +116,7 @@ def run_case(name: str, work: Path, repeats: int = 2) -> dict:
         from dpro.optimizer.memory.micro_batch import attach_micro_trace
 
         bs = mf._build(model)[3]
-        _run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(d / "traces-micro"), "--warmup", str(PROFILE_WARMUP),
+        _run([sys.executable, "-m", "dpro.cli", "profile", "--memory", "-o", str(d / "traces-micro"), "--warmup", str(PROFILE_WARMUP),
               "--steps", str(mf.STEPS), "--force", "--",
               *mf._job(["--batch-size", str(bs // k), *PROFILE_STEPS], model, opt, set_to_none, view)],
              "dpro profile (micro-batch)")

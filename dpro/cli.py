@@ -14,6 +14,10 @@ from dpro.errors import DproInputError
 from dpro.jsonio import print_json
 
 _rank_opt = rank_pattern_option
+_ray_opt = click.option(
+    "--ray", "ray_address", default=None, metavar="auto|local|ADDRESS",
+    help="Run the independent work as Ray tasks (pip install 'dpro[ray]'; docs/scale.md): auto = the cluster "
+         "`ray start` started (or $RAY_ADDRESS), local = a Ray started here, or HOST:6379 / ray://HOST:10001.")
 
 
 def _fail(err: Exception) -> None:
@@ -102,9 +106,10 @@ def cli(ctx: click.Context, verbose: int, max_input_bytes: str, allow_missing_ra
 @_rank_opt
 @click.option("--no-cache", is_flag=True,
               help="Import the traces again instead of using the trace cache (~/.cache/dpro/traces, $DPRO_CACHE_DIR).")
+@_ray_opt
 def replay(
     path: Path, as_json: bool, timeline: Path | None, top: int, no_expand: bool, no_align: bool, rank_pattern: str,
-    no_cache: bool,
+    no_cache: bool, ray_address: str | None,
 ) -> None:
     """Replay one training iteration of the job traced in PATH.
 
@@ -113,16 +118,20 @@ def replay(
     where dpro's recorder measured its own overhead, the prediction without it.
 
     An import of torch.profiler traces is cached: a second replay of unchanged files
-    skips it (--no-cache, or DPRO_NO_CACHE=1, turns that off).
+    skips it (--no-cache, or DPRO_NO_CACHE=1, turns that off). With --ray the rank files
+    are imported as Ray tasks (each worker reads its file: the same path must be readable
+    there).
 
     The last line says which replay engine ran: the compiled core when it was built
     (else the Python one, and why); DPRO_ENGINE=python|compiled|both forces one.
     """
+    from dpro.executor import mapper_for
     from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
 
+    mapper = mapper_for(ray_address) if ray_address else None
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,
-                   progress=False if as_json else None)
+                   progress=False if as_json else None, mapper=mapper)
     res = job.replay(expand_collectives=not no_expand)
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
@@ -231,11 +240,13 @@ def report(path: Path, output: Path, run_optimize: bool, budget: float, png_dir:
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @_rank_opt
-def validate(path: Path, rank_pattern: str) -> None:
+@_ray_opt
+def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
     """Check that PATH is a well-formed trace (gTrace or torch.profiler) and say what it holds."""
+    from dpro.executor import mapper_for
     from dpro.loader import open_trace
 
-    gt = open_trace(path, rank_pattern)
+    gt = open_trace(path, rank_pattern, mapper=mapper_for(ray_address) if ray_address else None)
     m = gt.manifest
     ops = sum(len(n.ops) for n in gt.nodes.values())
     workers = sum(1 for n in gt.nodes.values() if n.info.role == "worker")
@@ -260,9 +271,15 @@ def validate(path: Path, rank_pattern: str) -> None:
               help="MXNet: keep operator bulking in the window, so the job communicates as it does unprofiled "
                    "(a bulked segment is then one op). Off by default: the window runs unbulked to see each op, "
                    "which can change a parameter-server job's pace (docs/profiling.md).")
+@click.option("--shapes/--no-shapes", "record_shapes", default=None,
+              help="PyTorch: record every op's input shapes (torch.profiler record_shapes), which `dpro oracle` "
+                   "needs for its layer sizes. Default: off (it slows the profiled steps; docs/profiling.md).")
+@click.option("--memory/--no-memory", "profile_memory", default=None,
+              help="PyTorch: record every allocation and free in the window (torch.profiler profile_memory), "
+                   "for the allocation-based memory estimates (docs/memory.md). Default: off.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_keep_bulking: bool,
-            command: tuple[str, ...]) -> None:
+            record_shapes: bool | None, profile_memory: bool | None, command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -284,7 +301,8 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
     if warmup < 0 or steps < 1:
         raise click.BadParameter("need --warmup >= 0 and --steps >= 1")
     res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile,
-                      mxnet_keep_bulking=mxnet_keep_bulking)
+                      mxnet_keep_bulking=mxnet_keep_bulking, record_shapes=record_shapes,
+                      profile_memory=profile_memory)
     click.echo(f"dpro: {res.message}", err=True)
     if res.out is not None:
         click.echo(f"dpro: next: dpro replay {res.out}", err=True)
@@ -337,9 +355,10 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
               help="The same job profiled with a smaller per-rank batch (e.g. half): gradient accumulation's "
                    "micro-batch op times are interpolated from it instead of scaled by 1/k.")
 @_rank_opt
+@_ray_opt
 def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool, budget: float, pass_names: str | None,
              modules: tuple[str, ...], list_passes: bool, no_align: bool, memory_budget: str | None,
-             micro_trace: Path | None, rank_pattern: str) -> None:
+             micro_trace: Path | None, rank_pattern: str, ray_address: str | None) -> None:
     """Search a faster strategy for the job traced in PATH and say how to apply it.
 
     \b
@@ -350,6 +369,9 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
     Horovod fusion, fuse everything, no fusion), and with -o writes the settings
     the libraries take: ddp.json (bucket_cap_mb), horovod.json/.env (groups,
     fusion threshold), compile.json (layers to compile).
+
+    With --ray the rank files are imported and the candidates of each search round
+    replayed as Ray tasks, all at once (the result is the same as without).
 
     \b
     MXNet parameter-server traces: every distinct MXNET_KVSTORE_BIGARRAY_BOUND (which
@@ -382,17 +404,20 @@ def optimize(path: Path | None, output: Path | None, force: bool, as_json: bool,
         from dpro.jsonio import check_writable_dir
 
         check_writable_dir(output, force)  # before the search, not after it
+    from dpro.executor import mapper_for
     from dpro.job import open_job
     from dpro.loader import open_trace
     from dpro.optimizer.output import summary_text, write_strategy_dir
     from dpro.progress import progress_pulse
 
+    mapper = mapper_for(ray_address) if ray_address else None
+
     quiet = False if as_json else None  # --json: no progress bars
-    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, progress=quiet)
+    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, progress=quiet, mapper=mapper)
     small = open_trace(micro_trace, rank_pattern, progress=quiet) if micro_trace is not None else None
     with progress_pulse("optimizing", enabled=quiet) as tick:
         res = job.optimize(passes=passes, budget_s=budget, memory_budget=mem_bytes, memory_passes=mem_passes,
-                           micro_trace=small, tick=tick)
+                           micro_trace=small, tick=tick, mapper=mapper)
     if output is not None:
         write_strategy_dir(res, output, force=force)
     if as_json:

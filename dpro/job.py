@@ -23,6 +23,7 @@ from dpro.gtrace.schema import GTrace
 
 if TYPE_CHECKING:
     from dpro.alignment import AlignOptions, AlignResult
+    from dpro.executor import Mapper
     from dpro.optimizer.optimize import OptimizeResult
     from dpro.graph.stats import OpStats
     from dpro.optimizer.passes.base import GraphPass
@@ -104,14 +105,18 @@ class Job:
 
     def optimize(self, *, passes: list[GraphPass] | None = None, budget_s: float = 30.0,
                  memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
-                 micro_trace: Job | GTrace | None = None, tick: Tick | None = None) -> OptimizeResult:
+                 micro_trace: Job | GTrace | None = None, tick: Tick | None = None,
+                 mapper: Mapper | None = None) -> OptimizeResult:
         """Search a faster strategy (docs/optimizer.md): ``passes`` (default: every
         throughput pass), ``memory_budget`` (bytes per worker) to fit first,
-        ``micro_trace`` the same job profiled at a smaller batch."""
+        ``micro_trace`` the same job profiled at a smaller batch, ``mapper`` where the
+        candidates are replayed (:mod:`dpro.executor`: a process pool, Ray)."""
         from dpro.optimizer.optimize import optimize
 
         small = micro_trace.profiled if isinstance(micro_trace, Job) else micro_trace
         kw = {"tick": tick} if tick is not None else {}
+        if mapper is not None:
+            kw["mapper"] = mapper
         return optimize(self.trace, base=self.replay(), stats=self.stats, passes=passes, budget_s=budget_s,
                         memory_budget=memory_budget, memory_passes=memory_passes, micro_trace=small, **kw)
 

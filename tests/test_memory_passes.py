@@ -181,7 +181,7 @@ def _profile(config: str, out: Path) -> Path:
     import memory_fidelity as mf
 
     model, opt, set_to_none, view = mf.CONFIGS[config]
-    cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "2", "--steps", "3", "--force",
+    cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "2", "--steps", "3", "--force", "--memory",
            "--", *mf._job(["--steps", "6"], model, opt, set_to_none, view)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

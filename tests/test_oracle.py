@@ -212,7 +212,7 @@ def test_trace_without_shapes(run_cli, tmp_path: Path) -> None:
         dfg.get("meta", {}).pop("layer_shapes", None)
         f.write_bytes(gzip.compress(json.dumps(dfg).encode()))
     code, _, err = run_cli("oracle", d, "--devices", "2")
-    assert code == 2 and "no recorded layer shapes" in err and "record_shapes" in err
+    assert code == 2 and "no recorded layer shapes" in err and "--shapes" in err
 
 
 def test_simulate() -> None:

@@ -100,7 +100,7 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
     import dpro
 
     trace = out / f"prof_{strategy.replace('+', '_')}_{n}"
-    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "-o", str(trace), "--",
+    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
                     *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)],
                    cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
     r = dpro.open(trace).replay()
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> None:
     load0 = os.getloadavg()
     plat = platform_file(args.out)
     trace = args.out / "trace"
-    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "-o", str(trace), "--",
+    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
                     *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(args.batch))],
                    cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
     procs = [int(x) for x in args.procs.split(",")]

@@ -43,6 +43,18 @@ ENV_MEASURE_COMPILE = "DPRO_MEASURE_COMPILE"
 ENV_COMPILE_BUDGET_S = "DPRO_COMPILE_BUDGET_S"
 #: ``1``/``true``/``yes``: MXNet keeps operator bulking in the window (``--mxnet-keep-bulking``)
 ENV_MXNET_KEEP_BULKING = "DPRO_MXNET_KEEP_BULKING"
+#: ``1``/``0``: torch.profiler records every op's input shapes (``dpro profile --shapes``;
+#: layer shapes for `dpro oracle`, collective sizes of old PyTorch versions)
+ENV_RECORD_SHAPES = "DPRO_RECORD_SHAPES"
+#: ``1``/``0``: the profiler records every allocation and free (``dpro profile --memory``;
+#: the allocation-based memory estimates, docs/memory.md)
+ENV_PROFILE_MEMORY = "DPRO_PROFILE_MEMORY"
+#: TensorFlow: the host tracer's level in the window (default 2: every executor op; 1 keeps
+#: only the ops TF deems expensive, so the DFG loses ops)
+ENV_TF_HOST_TRACER_LEVEL = "DPRO_TF_HOST_TRACER_LEVEL"
+#: ``0``: write the trace when the window ends, inside the last profiled call (default
+#: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
+ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"
 #: ``0``/``false``/``no``: Horovod's timeline writer is idled but not parked between uses
 ENV_HOROVOD_PARK = "DPRO_HOROVOD_PARK"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)

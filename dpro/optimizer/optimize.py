@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpro.contracts import strategy_files as sf
+from dpro.executor import Mapper, serial
 from dpro.graph.comm_model import LinkCost
 from dpro.graph.global_dfg import BuildOptions
 from dpro.graph.stats import OpStats, node_stats
@@ -305,7 +306,7 @@ def latency_note(link: LinkCost, start: Strategy, best: Strategy, *, horovod: bo
 def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, dict[str, OpStats]] | None = None,
              passes: list[GraphPass] | None = None, budget_s: float = 30.0, align_clocks: bool = True,
              memory_budget: int | None = None, memory_passes: list[GraphPass] | None = None,
-             micro_trace: GTrace | None = None, tick: Tick = _noop) -> OptimizeResult:
+             micro_trace: GTrace | None = None, tick: Tick = _noop, mapper: Mapper = serial) -> OptimizeResult:
     """Search a faster strategy for the profiled job ``gt``.
 
     ``base``: the replay of ``gt`` where the caller has it (``gt`` then already on one
@@ -318,7 +319,8 @@ def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, d
     ``kind = "memory"`` pass); the throughput search keeps those memory settings.
     Raises :class:`~dpro.optimizer.memory.fit.CannotFit` when nothing fits.
     ``micro_trace``: the same job profiled at a smaller batch, for the micro-batch op
-    times of gradient accumulation (:mod:`dpro.optimizer.memory.micro_batch`)."""
+    times of gradient accumulation (:mod:`dpro.optimizer.memory.micro_batch`). ``mapper``
+    (:mod:`dpro.executor`): where the search replays its candidates (a process pool, Ray)."""
     t0 = time.perf_counter()
     r = base
     if r is None:
@@ -355,7 +357,7 @@ def optimize(gt: GTrace, *, base: ReplayResult | None = None, stats: dict[str, d
     if model.ps is not None:  # MXNet's one setting: searched exhaustively
         results = bound_search.search_bounds(model, tick=tick)
     else:
-        results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl)
+        results = search(model, passes, budget_s=budget_s, tick=tick, memory=mem, extra_starts=bl, mapper=mapper)
     results = _keep_graph_unless_xla_gains(model, results)
     best = results[0]
     notes = list(model.notes)

@@ -12,10 +12,12 @@ keeps the fastest result; it is deterministic.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
 
+from dpro.executor import Mapper, serial
 from dpro.optimizer.evaluate import analyse, iteration_us
 from dpro.optimizer.job_model import JobModel
 from dpro.optimizer.passes.base import Candidate, GraphPass, PassContext
@@ -57,7 +59,7 @@ class SearchResult:
 
 
 def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass], deadline: float,
-             max_tries: int, tick: Tick, coarsen: bool) -> SearchResult:
+             max_tries: int, tick: Tick, coarsen: bool, mapper: Mapper = serial) -> SearchResult:
     t0 = time.perf_counter()
     st, cur = start, iteration_us(model, start, coarsen=coarsen)
     res = SearchResult(name, st, cur, evaluations=1)
@@ -67,21 +69,30 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
         ctx = PassContext(model, st, analyse(model, st))
         cands: list[Candidate] = [c for p in passes for c in p.candidates(ctx)]
         cands.sort(key=lambda c: (-c.est_gain_us, c.pass_name, repr(c.target)))
-        accepted = False
+        tries: list[tuple[Candidate, Strategy]] = []
+        keys: set = set()
         for c in cands[:max_tries]:
+            nxt = by_name[c.pass_name].apply(ctx, c)
+            if nxt.key() not in seen and nxt.key() not in keys:
+                keys.add(nxt.key())
+                tries.append((c, nxt))
+        # serial: lazy, replayed one by one as below; a pool or Ray: all at once. Either way
+        # the first that helps, in this order, is kept (the result does not depend on it)
+        times = iter(mapper(functools.partial(iteration_us, model, coarsen=coarsen), [n for _, n in tries]))
+        accepted = False
+        for c, nxt in tries:
             if time.perf_counter() >= deadline:
                 break
-            nxt = by_name[c.pass_name].apply(ctx, c)
-            if nxt.key() in seen:
-                continue
             seen.add(nxt.key())
-            t = iteration_us(model, nxt, coarsen=coarsen)
+            t = next(times)
             res.evaluations += 1
             if t < cur - max(MIN_GAIN_US, MIN_GAIN_FRACTION * cur):
                 res.steps.append(Step(c.pass_name, c.reason, cur, t))
                 st, cur, accepted = nxt, t, True
                 tick(f"{name}: {cur / 1e3:.2f} ms")
                 break
+        if hasattr(times, "close"):
+            times.close()  # a Ray mapper cancels the candidates not looked at
         if not accepted:
             res.converged = time.perf_counter() < deadline
             break
@@ -91,7 +102,7 @@ def _descend(model: JobModel, start: Strategy, name: str, passes: list[GraphPass
 
 def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, max_tries: int = 8,
            tick: Tick = _noop, coarsen: bool = False, memory: Strategy | None = None,
-           extra_starts: dict[str, Strategy] | None = None) -> list[SearchResult]:
+           extra_starts: dict[str, Strategy] | None = None, mapper: Mapper = serial) -> list[SearchResult]:
     """Run Algorithm 1 from the job's grouping, from no fusion and from each of
     ``extra_starts`` (the baselines: so the result is never predicted slower than one of
     them); fastest result first.
@@ -100,7 +111,11 @@ def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, 
     start keeps (the memory step's choice).
 
     ``coarsen=True`` replays candidates on the coarsened view (benchmarks/search_speed.py: it
-    does not pay on a ResNet-50-sized job, whose graph is mostly ring steps)."""
+    does not pay on a ResNet-50-sized job, whose graph is mostly ring steps).
+
+    ``mapper`` (:mod:`dpro.executor`) replays each round's candidates: :func:`~dpro.executor.serial`
+    (default) one by one until one helps; a process pool or Ray all of a round's at once
+    (more replays, less wall time). The result is the same."""
     starts = [
         ("job's own grouping", Strategy.as_profiled(model)),
         ("no fusion", Strategy.from_groups([[i] for i in range(len(model.units))])),
@@ -116,6 +131,6 @@ def search(model: JobModel, passes: list[GraphPass], *, budget_s: float = 30.0, 
         # split what is left of the budget among the remaining starts
         left = deadline_total - time.perf_counter()
         out.append(_descend(model, st, name, passes, time.perf_counter() + left / (len(starts) - i), max_tries, tick,
-                            coarsen))
+                            coarsen, mapper))
     out.sort(key=lambda r: r.iteration_us)
     return out

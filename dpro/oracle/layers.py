@@ -40,7 +40,7 @@ _WEIGHTED_OPS = ("conv", "linear", "addmm", "matmul")
 _CHANNELWISE_OPS = ("relu", "pool", "batch_norm", "gelu", "sigmoid", "tanh", "dropout", "silu", "leaky_relu")
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "bfloat16": 2, "float16": 2}
 NEEDS = ("the oracle needs per-layer annotations and shapes: record with dpro's recorder "
-         "(dpro.Recorder(model), which annotates each module and sets record_shapes=True) under `dpro profile`")
+         "(dpro.Recorder(model), which annotates each module) under `dpro profile --shapes --memory`")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,14 @@ from pathlib import Path
 
 from dpro.contracts.recording import (
     ENV_AFTER_STEPS,
+    ENV_DEFER_WRITE,
     ENV_DISABLE,
     ENV_HOST,
     ENV_MEASURE_COMPILE,
+    ENV_PROFILE_MEMORY,
+    ENV_RECORD_SHAPES,
     ENV_STEPS,
+    ENV_TF_HOST_TRACER_LEVEL,
     ENV_TRACE_DIR,
     ENV_WARMUP,
 )
@@ -22,6 +26,10 @@ DEFAULT_STEPS = 5
 #: calls timed after the window: the settled unprofiled pace (dpro.graph.overhead)
 DEFAULT_AFTER = 20
 DEFAULT_OUT = "dpro_traces"
+#: what the profiler records beyond op identity, order and durations when not asked
+#: (``DPRO_RECORD_SHAPES`` / ``DPRO_PROFILE_MEMORY``; docs/profiling.md "What it costs")
+DEFAULT_RECORD_SHAPES = False
+DEFAULT_PROFILE_MEMORY = False
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,14 @@ class RecordConfig:
     host: str = ""
     enabled: bool = True
     after: int = DEFAULT_AFTER
+    #: every op's input shapes (layer shapes for `dpro oracle`)
+    record_shapes: bool = DEFAULT_RECORD_SHAPES
+    #: every allocation and free (allocation-based memory estimates)
+    profile_memory: bool = DEFAULT_PROFILE_MEMORY
+    #: export the trace after the calls timed after the window (or at exit), not inside the window's last call
+    defer_write: bool = True
+    #: TensorFlow's host tracer level in the window
+    tf_host_tracer_level: int = 2
     #: why recording is off although not disabled on purpose (a bad ``DPRO_*`` value)
     problem: str | None = None
 
@@ -52,6 +68,13 @@ class RecordConfig:
         w = warmup if warmup is not None else _env_int(ENV_WARMUP, DEFAULT_WARMUP, 0, problems)
         n = steps if steps is not None else _env_int(ENV_STEPS, DEFAULT_STEPS, 1, problems)
         after = _env_int(ENV_AFTER_STEPS, DEFAULT_AFTER, 0, problems)
+        shapes = _env_bool(ENV_RECORD_SHAPES, DEFAULT_RECORD_SHAPES, problems)
+        memory = _env_bool(ENV_PROFILE_MEMORY, DEFAULT_PROFILE_MEMORY, problems)
+        defer = _env_bool(ENV_DEFER_WRITE, True, problems)
+        tf_level = _env_int(ENV_TF_HOST_TRACER_LEVEL, 2, 1, problems)
+        if tf_level > 3:
+            problems.append(f"{ENV_TF_HOST_TRACER_LEVEL}={tf_level} is outside 1..3")
+            tf_level = 2
         raw_out = out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT)
         if not str(raw_out) or "\0" in str(raw_out):
             problems.append(f"{ENV_TRACE_DIR}={str(raw_out)!r} is not a directory name")
@@ -67,6 +90,10 @@ class RecordConfig:
             host=host,
             enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes") and not problems,
             after=after,
+            record_shapes=shapes,
+            profile_memory=memory,
+            defer_write=defer,
+            tf_host_tracer_level=tf_level,
             problem="; ".join(problems) or None,
         )
 
@@ -90,6 +117,20 @@ def _env_int(name: str, default: int, minimum: int, problems: list[str]) -> int:
         problems.append(f"{name}={v} is outside {minimum}..{MAX_STEPS}")
         return default
     return v
+
+
+def _env_bool(name: str, default: bool, problems: list[str]) -> bool:
+    """``1/true/yes`` or ``0/false/no`` in ``os.environ[name]``; else ``default`` (a
+    different value is added to ``problems``)."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    problems.append(f"{name}={text[:40]!r} is not 0 or 1")
+    return default
 
 
 def measure_compile_enabled() -> bool:

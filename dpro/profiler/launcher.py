@@ -17,6 +17,8 @@ from dpro.contracts.recording import (
     ENV_HOROVOD_TIMELINE,
     ENV_MEASURE_COMPILE,
     ENV_MXNET_KEEP_BULKING,
+    ENV_PROFILE_MEMORY,
+    ENV_RECORD_SHAPES,
     ENV_NCCL_PLUGIN,
     ENV_NCCL_TRACE_DIR,
     ENV_STEPS,
@@ -125,12 +127,15 @@ def nccl_plugin_env(env: dict[str, str], raw: Path) -> None:
 def profile_job(
     args: list[str], out: Path, *, warmup: int, steps: int, force: bool = False, progress: bool | None = None,
     measure_compile: bool = False, mxnet_keep_bulking: bool = False,
+    record_shapes: bool | None = None, profile_memory: bool | None = None,
 ) -> ProfileOutcome:
     """Run ``args`` with recording on, then write the gTrace to ``out`` (raw traces in out/raw).
 
     ``measure_compile``: the ranks also time their blocks compiled after the window
     (:mod:`dpro.profiler.pytorch.compile_probe`, :mod:`dpro.profiler.tensorflow.compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
-    keep operator bulking in the window (:mod:`dpro.profiler.mxnet.backend`)."""
+    keep operator bulking in the window (:mod:`dpro.profiler.mxnet.backend`). ``record_shapes`` /
+    ``profile_memory``: record every op's input shapes / every allocation (None: the
+    recorder's default, :mod:`dpro.profiler.config`)."""
     cmd = command_line(args)
     check_output_dir(out, force)
     out.resolve().parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +146,9 @@ def profile_job(
         env[ENV_MEASURE_COMPILE] = "1"
     if mxnet_keep_bulking:
         env[ENV_MXNET_KEEP_BULKING] = "1"
+    for name, on in ((ENV_RECORD_SHAPES, record_shapes), (ENV_PROFILE_MEMORY, profile_memory)):
+        if on is not None:
+            env[name] = "1" if on else "0"
     nccl_plugin_env(env, raw)
     theirs = user_timeline(cmd, env)
     if theirs is None and not env.get(ENV_HOROVOD_TIMELINE):

@@ -7,8 +7,11 @@
     def train_one_step(batch): ...
 
 The recorder counts calls of the decorated step function; calls ``warmup`` to
-``warmup + steps - 1`` are profiled, then this rank's part of the trace is written to the
-output directory (``dpro profile`` sets it; default ``./dpro_traces``). Outside the window
+``warmup + steps - 1`` are profiled, then the profiler stops and this rank's part of the
+trace is written to the output directory (``dpro profile`` sets it; default
+``./dpro_traces``): by a backend that can defer it (PyTorch), after the calls timed after
+the window or at exit, so that no step waits for the export (``DPRO_DEFER_WRITE=0``: at
+once, inside the window's last call). Outside the window
 a call costs one counter increment and a comparison (and in Horovod jobs a clock read:
 keeping Horovod's timeline writer parked, dpro.profiler.horovod.writer). The ``after``
 calls that follow the window are timed too (two clock reads each) and their wall times
@@ -85,6 +88,8 @@ class Recorder:
         #: CPU µs of the process and of the calling thread over those calls
         self._cpu_after = [0.0, 0.0]
         self._lock = threading.Lock()
+        #: the window is stopped but its trace not yet exported (``defer_write``)
+        self._unwritten = False
         self._backend: Backend | None = None
         if self.config.problem:
             log.error("dpro: recording disabled: %s (the training goes on unprofiled)", self.config.problem)
@@ -144,6 +149,17 @@ class Recorder:
             return
         if failed or i == self.window.stop - 1:
             self.done = True
+            if not failed and self._defers():
+                # stop now; export after the calls timed after the window (or at exit), so
+                # that no step of the job waits for the trace to be written
+                try:
+                    self._backend.stop()  # type: ignore[attr-defined]
+                except Exception as e:  # noqa: BLE001 - never break the training job
+                    self._stop("stop profiling", e)
+                    return
+                self._unwritten = True
+                self._after = [] if self.config.after > 0 else None
+                return
             try:
                 self._backend.stop_and_write()
             except Exception as e:  # noqa: BLE001 - never break the training job
@@ -151,6 +167,24 @@ class Recorder:
                 return
             if not failed and self.config.after > 0 and getattr(self._backend, "meta_path", None) is not None:
                 self._after = []
+
+    def _defers(self) -> bool:
+        """Whether the trace is exported after the window rather than in its last call."""
+        b = self._backend
+        return self.config.defer_write and callable(getattr(b, "stop", None)) and callable(getattr(b, "write", None))
+
+    def _flush(self) -> bool:
+        """Export a stopped window not yet written (deferred); False if that failed."""
+        if not self._unwritten:
+            return True
+        self._unwritten = False
+        assert self._backend is not None
+        try:
+            self._backend.write()  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._stop(f"write the trace to {self.config.out_dir}", e)
+            return False
+        return True
 
     def _after_step(self, wall_us: float, process_us: float, thread_us: float) -> None:
         assert self._after is not None
@@ -163,6 +197,8 @@ class Recorder:
     def _write_after(self) -> None:
         """Add the timed calls after the window to the rank's meta.json (then stop timing)."""
         walls, self._after = self._after, None
+        if not self._flush():
+            return
         path = getattr(self._backend, "meta_path", None)
         if not walls or path is None:
             return
@@ -207,8 +243,9 @@ class Recorder:
         return step  # type: ignore[return-value]
 
     def _at_exit(self) -> None:
-        if self._after:
+        if self._after is not None:
             self._write_after()
+        self._flush()
         if self.done:
             return
         if self.calls <= self.config.warmup:
@@ -228,6 +265,9 @@ class Recorder:
 
     def close(self) -> None:
         """Write what was recorded if the window did not complete (called at exit)."""
+        if self._after is not None:
+            self._write_after()
+        self._flush()
         if not self.done and self._backend is not None and self.calls > self.config.warmup:
             self.done = True
             self._backend.stop_and_write()

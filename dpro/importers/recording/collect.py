@@ -73,6 +73,10 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
     nt.info.host = str(meta.get(MetaKey.HOST) or nt.info.host)
     comm_by_tensor = {op.tensor: op for op in nt.ops.values() if op.cat == "COMM"}
     bucket_of = {name: b["index"] for b in meta.get(MetaKey.BUCKETS, []) for name in b.get("params", [])}
+    for b in meta.get(MetaKey.BUCKETS, []):  # sizes the trace lacks (recorded without shapes)
+        op = comm_by_tensor.get(f"bucket{b.get('index')}")
+        if op is not None and not op.bytes and isinstance(b.get("bytes"), int) and b["bytes"] > 0:
+            op.bytes = b["bytes"]
     last_bw: dict[str, str] = {}
     for op in nt.ops.values():  # ops are in device order; keep the last BW op of each layer
         if op.cat == "BW" and op.layer:

@@ -172,7 +172,10 @@ class TorchBackend:
             self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
         self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
         self.memory.start()
-        self.prof = profile(activities=acts, record_shapes=True, profile_memory=True)
+        # op identity, order and durations always; shapes and allocations when asked
+        # (DPRO_RECORD_SHAPES / DPRO_PROFILE_MEMORY: docs/profiling.md "What it costs")
+        self.prof = profile(activities=acts, record_shapes=self.config.record_shapes,
+                            profile_memory=self.config.profile_memory)
         self.prof.start()
         self.active = True
 
@@ -205,10 +208,19 @@ class TorchBackend:
             pass
         self.prof = None
 
+    def stop(self) -> None:
+        """End the window: stop the profiler (its events stay in memory until :meth:`write`)."""
+        self._stop()
+        self._who = _rank_world()  # while the process group is still up
+
     def stop_and_write(self) -> None:
         """Stop the profiler and write this rank's raw files (Kineto trace, meta)."""
-        self._stop()
-        rank, world, backend = _rank_world()
+        self.stop()
+        self.write()
+
+    def write(self) -> None:
+        """Write this rank's raw files (Kineto trace, meta) of the stopped window."""
+        rank, world, backend = getattr(self, "_who", None) or _rank_world()
         out = self.config.out_dir
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="dpro-") as tmp:

@@ -153,7 +153,7 @@ class TFBackend:
         if self.writer is None:  # the Recorder was made before hvd.init()
             self.writer = idle_timeline_writer("horovod.tensorflow")
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
-        opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+        opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.config.tf_host_tracer_level, python_tracer_level=0,
                                                              device_tracer_level=1)
         if self.writer is not None:
             self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)

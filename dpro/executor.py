@@ -1,0 +1,159 @@
+"""Where a batch of independent tasks runs: here, in a local process pool, or as Ray tasks.
+
+A *mapper* is any callable ``mapper(fn, items) -> iterable of fn(item) for each item, in
+the items' order``. The stages that have independent work (the per-rank import, the
+optimizer's candidate replays) take one, so the caller chooses where it runs:
+
+* :func:`serial` (the default): here, lazily (``map``), so a caller that stops early
+  does no more work than a plain loop;
+* :class:`ProcessPool`: the machine's cores;
+* :class:`RayMapper`: the tasks of a Ray cluster (``pip install dpro[ray]``;
+  docs/scale.md). ``fn`` and the items are pickled, so ``fn`` must be a module-level
+  function or a :func:`functools.partial` of one.
+
+Every mapper returns the same results as :func:`serial` (the tasks are pure functions).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dpro.errors import DproInputError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+Mapper = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
+
+
+def serial(fn: Callable[[T], R], items: Iterable[T]) -> Iterable[R]:
+    """``fn`` over ``items`` here, one at a time, as they are asked for."""
+    return map(fn, items)
+
+
+@dataclass(frozen=True)
+class ProcessPool:
+    """``fn`` over ``items`` in up to ``workers`` processes (default: one per core)."""
+
+    workers: int | None = None
+
+    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        items = list(items)
+        n = min(self.workers or os.cpu_count() or 1, len(items))
+        if n <= 1:
+            return [fn(x) for x in items]
+        with ProcessPoolExecutor(max_workers=n) as ex:
+            return list(ex.map(fn, items))
+
+
+def _apply(fn: Callable[[T], R], item: T) -> R:
+    return fn(item)
+
+
+@dataclass(frozen=True)
+class RayMapper:
+    """``fn`` over ``items`` as Ray tasks (one per item) on the cluster at ``address``.
+
+    ``address``: ``auto`` (the cluster ``ray start`` started on this machine, or
+    ``$RAY_ADDRESS``), ``local`` (a Ray started here for this process alone), or an address
+    (``HOST:6379``, ``ray://HOST:10001``). A Ray already initialised in this process (e.g.
+    by the caller's own ``ray.init``) is used as it is. ``fn`` is put in the object store
+    once per call, not once per task; the tasks are submitted when the first result is
+    asked for, the results yielded in order as they come (an exception a task raised is
+    raised as such). The tasks whose results were not asked for when the caller stops
+    (closes the iterator) are cancelled.
+    """
+
+    address: str = "auto"
+
+    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        ray = connect(self.address)
+        task = ray.remote(_apply)
+        ref = ray.put(fn)
+        refs = [task.remote(ref, x) for x in items]  # all submitted now, taken in order
+        taken = 0
+        try:
+            for r in refs:
+                try:
+                    yield ray.get(r)
+                except ray.exceptions.RayTaskError as e:  # the task's own exception, not Ray's wrapper
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, Exception):
+                        raise cause from None
+                    raise
+                taken += 1
+        finally:  # a caller that stops early (the search, on the first candidate that helps)
+            for r in refs[taken + 1:]:
+                ray.cancel(r)
+
+
+def connect(address: str):  # noqa: ANN201 - the ray module
+    """The ``ray`` module, initialised (connected to ``address``) if it is not yet."""
+    try:
+        import ray
+    except ImportError:
+        raise DproInputError(None, "--ray needs Ray: pip install 'dpro[ray]'") from None
+    if not ray.is_initialized():
+        if problem := _unreachable(address):
+            raise DproInputError(None, f"--ray {address}: {problem}")
+        try:
+            if address == "local":
+                start_local()
+            else:
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise DproInputError(None, f"--ray {address}: cannot connect to a Ray cluster ({_first_line(e)})") from None
+        log.info("ray: %s", ray.cluster_resources())
+    return ray
+
+
+def start_local(num_cpus: int | None = None, tries: int = 3) -> None:
+    """Start a Ray cluster in this process (``num_cpus``: default all). Its processes must
+    register within Ray's 30 s; on a loaded machine they may not: tried ``tries`` times."""
+    import ray
+
+    for i in range(tries):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this timeout
+            ray.shutdown()
+            if "timed out during startup" not in str(e) or i == tries - 1:
+                raise RuntimeError(_first_line(e)) from None
+            log.warning("ray: the local cluster did not start in time (%s): trying again", e)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _unreachable(address: str, timeout_s: float = 10.0) -> str | None:
+    """Why ``HOST:PORT`` (or ``ray://HOST:PORT``) takes no TCP connection, or None (Ray itself
+    retries a wrong address for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None  # auto, local: Ray says why
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return f"cannot connect to a Ray cluster there ({e.strerror or e})"
+    return None
+
+
+def mapper_for(ray_address: str | None, workers: int | None = None) -> Mapper:
+    """The mapper the CLI's options name: Ray at ``ray_address`` if given (connected now, so a
+    wrong address fails before the work), else a process pool of ``workers`` if more than
+    one, else :func:`serial`."""
+    if ray_address:
+        connect(ray_address)
+        return RayMapper(ray_address)
+    if workers is not None and workers > 1:
+        return ProcessPool(workers)
+    return serial

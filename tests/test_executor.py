@@ -1,0 +1,54 @@
+"""dpro.executor: the mappers give the results of a plain loop; --ray without Ray is one line."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpro.errors import DproInputError
+from dpro.executor import ProcessPool, RayMapper, mapper_for, serial
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp_gloo_2rank_mlp"
+
+
+def test_serial_is_lazy_and_pool_keeps_order():
+    calls = []
+    it = serial(lambda x: calls.append(x) or x, [1, 2, 3])
+    assert calls == [] and next(iter(it)) == 1 and calls == [1]
+    fn = functools.partial(operator.sub, 100)
+    assert ProcessPool(2)(fn, range(9)) == [100 - i for i in range(9)]
+    assert ProcessPool(2)(fn, []) == []
+
+
+def test_mapper_for():
+    assert mapper_for(None) is serial and mapper_for(None, 1) is serial
+    assert mapper_for(None, 4) == ProcessPool(4)
+
+
+def test_optimizer_search_in_a_pool_same_as_serial():
+    from dpro.job import open_job
+
+    job = open_job(EXAMPLE, progress=False, cache=False)
+
+    def found(res):  # noqa: ANN001, ANN202
+        return [(r.start, r.strategy.key(), r.iteration_us, r.evaluations, r.converged) for r in res.results]
+
+    assert found(job.optimize(budget_s=600, mapper=ProcessPool(2))) == found(job.optimize(budget_s=600))
+
+
+def test_without_ray_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(DproInputError, match="needs Ray"):
+        list(RayMapper("auto")(abs, [1]))
+    code = ("import sys; sys.modules['ray'] = None; from dpro.cli import main; "
+            f"sys.argv = ['dpro', 'optimize', {str(EXAMPLE)!r}, '--ray', 'auto', '--json']; main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DPRO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == ["dpro: error: --ray needs Ray: pip install 'dpro[ray]'"]
