@@ -44,7 +44,7 @@ def _gen(src: Path, out: Path, mb: float) -> Path:
 def _run(name: str, repo: Path, path: Path, nbytes: int) -> None:
     env = dict(os.environ, PYTHONPATH=str(repo))
     r = proctree.run([sys.executable, "-m", "dpro.cli", "--max-input-bytes", "8GiB", "replay", "--no-cache", "--json",
-                      str(path)], env=env)
+                      str(path)], env=env, cwd=repo)
     status = "ok" if r.returncode == 0 else f"exit {r.returncode}: {r.stderr.strip().splitlines()[-1][:160]}"
     print(f"{name:>8} {nbytes / 1e6:9.1f} {r.wall_s:8.1f} {r.peak_tree_bytes / 1e6:12.1f} "
           f"{r.peak_tree_bytes / nbytes:10.2f} {r.processes:5d}  {status}", flush=True)
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--src", type=Path, default=CORPUS)
     ap.add_argument("--work", type=Path, default=Path("/tmp/dpro-big"))
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to run on the same files")
+    ap.add_argument("--only-baseline", action="store_true", help="run the baseline only")
     a = ap.parse_args()
     one = _gen(a.src, a.work / f"one-{a.mb:g}MB", a.mb)
     if a.shape == "one":
@@ -72,8 +73,9 @@ def main() -> None:
                 os.link(f, dst)
     nbytes = sum(p.stat().st_size for p in path.iterdir())
     print(f"{'code':>8} {'JSON MB':>9} {'wall s':>8} {'peak RSS MB':>12} {'peak/JSON':>10} {'procs':>5}  result")
-    for name, repo in [("this", REPO)] + ([("baseline", a.baseline)] if a.baseline else []):
-        _run(name, repo, path, nbytes)
+    runs = ([] if a.only_baseline else [("this", REPO)]) + ([("baseline", a.baseline)] if a.baseline else [])
+    for name, repo in runs:
+        _run(name, repo.resolve(), path, nbytes)
 
 
 if __name__ == "__main__":

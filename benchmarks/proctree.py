@@ -52,9 +52,10 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def run(cmd: list[str], env: dict | None = None, interval: float = 0.05) -> Measured:
+def run(cmd: list[str], env: dict | None = None, interval: float = 0.05, cwd: Path | None = None) -> Measured:
+    """Run ``cmd`` (in ``cwd``: `python -m` imports from there first) and measure it."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak, most = 0, 0
     done = threading.Event()
 

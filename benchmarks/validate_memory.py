@@ -69,7 +69,8 @@ def measure(path: Path, repo: Path = REPO) -> tuple[int, float, int, str, int]:
     processes at once) of `dpro validate path` (the dpro of ``repo``) in a child; the
     trace cache goes to a folder beside the trace (written, as a user's run does)."""
     env = dict(os.environ, PYTHONPATH=str(repo), DPRO_CACHE_DIR=str(path.parent / f"cache-{repo.name}"))
-    r = proctree.run([sys.executable, "-m", "dpro.cli", "--max-input-bytes", "8GiB", "validate", str(path)], env=env)
+    r = proctree.run([sys.executable, "-m", "dpro.cli", "--max-input-bytes", "8GiB", "validate", str(path)], env=env,
+                     cwd=repo)
     last = (r.stdout.strip() or r.stderr.strip()).splitlines()[-1][:160] if (r.stdout or r.stderr) else ""
     return r.peak_tree_bytes, r.wall_s, r.returncode, last, r.processes
 
