@@ -2,7 +2,7 @@
 
 Starts a local Ray cluster of ``--cpus`` CPUs (its start time is printed apart), then,
 ``--repeat`` rounds, interleaved: ``import_kineto(DIR)`` with the serial mapper, the local
-process pool (:func:`dpro.importers.kineto.pool.process_pool_mapper`) and
+process pool (:class:`dpro.executor.ProcessPool`) and
 :class:`dpro.executor.RayMapper`; with ``--optimize``, also ``Job.optimize`` serial vs Ray.
 Wall seconds, medians of the rounds, ratios to serial from the same run. The results must be
 identical (the imported nodes, the search's strategies and times), else it exits 1.
@@ -49,9 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("skipped: Ray is not installed (pip install 'dpro[ray]')")
         return {}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    from dpro.executor import RayMapper, serial, start_local
+    from dpro.executor import ProcessPool, RayMapper, serial, start_local
     from dpro.importers.kineto import import_kineto
-    from dpro.importers.kineto.pool import process_pool_mapper
 
     t0 = time.perf_counter()
     if a.address:
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         start_local(num_cpus=a.cpus)
     start_s = time.perf_counter() - t0
-    mappers = {"serial": serial, "pool": process_pool_mapper, "ray": RayMapper("auto")}
+    mappers = {"serial": serial, "pool": ProcessPool(), "ray": RayMapper("auto")}
     times: dict[str, list[float]] = {k: [] for k in mappers}
     ref = None
     for r in range(a.repeat):

@@ -17,10 +17,11 @@ Every mapper returns the same results as :func:`serial` (the tasks are pure func
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,19 +39,38 @@ def serial(fn: Callable[[T], R], items: Iterable[T]) -> Iterable[R]:
     return map(fn, items)
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class ProcessPool:
-    """``fn`` over ``items`` in up to ``workers`` processes (default: one per core)."""
+    """``fn`` over ``items`` in up to ``workers`` spawned processes (default: one per usable
+    core), yielded in item order as they finish. The first exception (in item order) is
+    raised as ``fn`` raised it; the work not yet started is cancelled then, and when the
+    caller stops early (closes the iterator). Spawned, not forked: the parent may hold
+    threads (a progress bar's), which a fork copies badly."""
 
     workers: int | None = None
 
-    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         items = list(items)
-        n = min(self.workers or os.cpu_count() or 1, len(items))
+        n = min(self.workers or usable_cores(), len(items))
         if n <= 1:
-            return [fn(x) for x in items]
-        with ProcessPoolExecutor(max_workers=n) as ex:
-            return list(ex.map(fn, items))
+            yield from map(fn, items)
+            return
+        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures: list[Future] = [pool.submit(fn, x) for x in items]
+            try:
+                for f in futures:
+                    yield f.result()
+            finally:
+                for f in futures:
+                    f.cancel()
 
 
 def _apply(fn: Callable[[T], R], item: T) -> R:

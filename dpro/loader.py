@@ -7,7 +7,7 @@ from pathlib import Path
 from dpro.errors import DproInputError
 from dpro.gtrace.io import is_gtrace, load_gtrace
 from dpro.gtrace.schema import GTrace
-from dpro.importers.kineto.pool import Mapper
+from dpro.executor import Mapper
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
 from dpro.jsonio import regular_file_problem
 

@@ -22,8 +22,8 @@ def test_serial_is_lazy_and_pool_keeps_order():
     it = serial(lambda x: calls.append(x) or x, [1, 2, 3])
     assert calls == [] and next(iter(it)) == 1 and calls == [1]
     fn = functools.partial(operator.sub, 100)
-    assert ProcessPool(2)(fn, range(9)) == [100 - i for i in range(9)]
-    assert ProcessPool(2)(fn, []) == []
+    assert list(ProcessPool(2)(fn, range(9))) == [100 - i for i in range(9)]
+    assert list(ProcessPool(2)(fn, [])) == []
 
 
 def test_mapper_for():

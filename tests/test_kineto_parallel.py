@@ -13,7 +13,7 @@ from golden import gtrace_digest
 
 from dpro.errors import DproInputError
 from dpro.importers.kineto import import_kineto
-from dpro.importers.kineto.pool import process_pool_mapper, serial_mapper
+from dpro.executor import ProcessPool, serial
 from dpro.jsonio import read_options
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,13 +25,13 @@ def test_process_pool_gives_the_serial_result():
 
     def recording(fn, items):
         calls.append([it.path.name for it in items])
-        return serial_mapper(fn, items)
+        return serial(fn, items)
 
-    serial = import_kineto(SRC, mapper=recording)
+    alone = import_kineto(SRC, mapper=recording)
     assert calls == [["rank0.json.gz", "rank1.json.gz"]]
-    pooled = import_kineto(SRC, mapper=process_pool_mapper)
-    assert gtrace_digest(pooled) == gtrace_digest(serial)
-    assert pooled.manifest == serial.manifest
+    pooled = import_kineto(SRC, mapper=ProcessPool(2))
+    assert gtrace_digest(pooled) == gtrace_digest(alone)
+    assert pooled.manifest == alone.manifest
 
 
 def test_worker_error_names_the_file(tmp_path):
@@ -39,13 +39,13 @@ def test_worker_error_names_the_file(tmp_path):
     shutil.copytree(SRC, d)
     (d / "rank1.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "ts": "x"}]}'))
     with pytest.raises(DproInputError, match=r"rank1\.json\.gz: traceEvents\[0\]: 'ts' is missing or not a number"):
-        import_kineto(d, mapper=process_pool_mapper)
+        import_kineto(d, mapper=ProcessPool(2))
 
 
 def test_workers_get_the_read_options(tmp_path):
     """--max-input-bytes reaches the worker processes (they do not inherit the context)."""
     with read_options(max_input_bytes=1000), pytest.raises(DproInputError, match=r"rank0\.json\.gz: .*input limit of 1000"):
-        import_kineto(SRC, mapper=process_pool_mapper)
+        import_kineto(SRC, mapper=ProcessPool(2))
 
 
 def test_duplicate_ranks_found_after_the_per_rank_import(tmp_path):
@@ -58,15 +58,23 @@ def test_duplicate_ranks_found_after_the_per_rank_import(tmp_path):
 
 
 def test_default_mapper(monkeypatch):
+    """Workers: min(cores, files, $DPRO_IMPORT_WORKERS, total // (2 * largest)); serial
+    below POOL_MIN_BYTES. The last bound keeps the files read at once within half of the
+    input, so two big ranks are read one after the other (peak memory ~ the input)."""
     from dpro.importers.kineto import pool
 
     monkeypatch.setattr(pool, "usable_cores", lambda: 4)
     monkeypatch.delenv(pool.WORKERS_ENV, raising=False)
-    assert pool.default_mapper(1, 10**10) is serial_mapper
-    assert pool.default_mapper(8, 1000) is serial_mapper  # small: a worker costs more than it saves
-    assert pool.default_mapper(8, 10**10).keywords == {"max_workers": 4}
-    assert pool.default_mapper(3, 10**10).keywords == {"max_workers": 3}
+    big = 10**9
+    assert pool.default_mapper([]) is serial
+    assert pool.default_mapper([big]) is serial
+    assert pool.default_mapper([100] * 8) is serial  # small: a worker costs more than it saves
+    assert pool.default_mapper([big] * 8) == ProcessPool(4)
+    assert pool.default_mapper([big] * 2) is serial  # both at once would be the whole input
+    assert pool.default_mapper([big] * 3) is serial
+    assert pool.default_mapper([big] * 6) == ProcessPool(3)
+    assert pool.default_mapper([4 * big] + [big] * 8) is serial  # one rank is a third of the input
     monkeypatch.setenv(pool.WORKERS_ENV, "2")
-    assert pool.default_mapper(8, 10**10).keywords == {"max_workers": 2}
+    assert pool.default_mapper([big] * 8) == ProcessPool(2)
     monkeypatch.setenv(pool.WORKERS_ENV, "1")
-    assert pool.default_mapper(8, 10**10) is serial_mapper
+    assert pool.default_mapper([big] * 8) is serial

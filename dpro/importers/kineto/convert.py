@@ -15,7 +15,8 @@ from dpro.errors import DproInputError
 from dpro.jsonio import ReadOptions, current_read_options, read_options
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
-from dpro.importers.kineto.pool import Mapper, default_mapper
+from dpro.executor import Mapper
+from dpro.importers.kineto.pool import default_mapper
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, check_rank_pattern, load_rank_file, trace_files
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
@@ -563,7 +564,7 @@ def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *,
     opts = current_read_options()
     tasks = [RankTask(p, rank_pattern, i, opts) for i, p in enumerate(files)]
     if mapper is None:
-        mapper = default_mapper(len(files), sum(_size(p) for p in files))
+        mapper = default_mapper([_size(p) for p in files])
     results = []
     with progress_bar(len(files), "importing traces", enabled=progress) as tick:
         try:

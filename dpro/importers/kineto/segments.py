@@ -12,7 +12,9 @@ dependency pass can join it to what it launched or waited for.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.importers.kineto.read import KEvent, RankFile
@@ -84,10 +86,13 @@ class CommInfo:
     group: tuple[int, ...] | None = None
     #: the kernel's own arguments name the collective (``Collective name``)
     coll_from_args: bool = False
-    #: process group name, where the trace gives it
-    pg: str | None = None
     #: the process group's name (``Process Group Name``), where the trace gives it
     pg: str | None = None
+
+
+#: the ``args`` of an event that has none: one shared, read-only mapping, not a new dict
+#: per event (a 1 GB trace has millions of events)
+_NO_ARGS: Mapping = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -96,7 +101,7 @@ class _Ev:
     cat: str
     ts: float
     end: float
-    args: dict
+    args: Mapping
     children: list["_Ev"] = field(default_factory=list)
 
 
@@ -232,7 +237,7 @@ def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
 def _build_trees(evs: list[KEvent]) -> list[_Ev]:
     """Nest one thread's events by time; returns the roots."""
     items = sorted(
-        (_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or {}) for e in evs),
+        (_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or _NO_ARGS) for e in evs),
         key=lambda x: (x.ts, -x.end),
     )
     roots: list[_Ev] = []
