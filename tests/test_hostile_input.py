@@ -477,3 +477,18 @@ def test_recorded_allocation_beyond_64_bits(tmp_path: Path, run_cli) -> None:
     one_line_error(run_cli("collect", raw, "-o", tmp_path / "OUT"), f"{raw / 'rank1.json.gz'}: a [memory] event",
                    "out of range")
     assert not (tmp_path / "OUT").exists()
+
+
+def test_meta_memory_that_is_not_an_object(tmp_path: Path, run_cli) -> None:
+    """A rank's meta.json whose 'memory' is a number crashed `dpro collect` (TypeError in
+    importers/recording/allocations.py; found by the final 10,000-case fuzzing run): now a
+    clean error naming the meta file."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "golden" / "recordings" / "ddp_mlp" / "raw"
+    raw = tmp_path / "raw"
+    shutil.copytree(src, raw)
+    edit(raw / "rank0.meta.json", lambda m: m.__setitem__("memory", 5))
+    one_line_error(run_cli("collect", raw, "-o", tmp_path / "OUT"), f"{raw / 'rank0.meta.json'}: unexpected rank meta data",
+                   "'memory' is not an object")
+    assert not (tmp_path / "OUT").exists()

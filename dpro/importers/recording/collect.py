@@ -71,6 +71,8 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
 def _enrich(nt: NodeTrace, meta: dict) -> None:
     """Host, gradient tensors (with their bucket and producing op) and facts from the recorder."""
     nt.info.host = str(meta.get(MetaKey.HOST) or nt.info.host)
+    if not isinstance(meta.get(MetaKey.MEMORY, {}), dict):  # the recorder's memory facts (found by the fuzzer)
+        raise TypeError(f"'{MetaKey.MEMORY}' is not an object")
     comm_by_tensor = {op.tensor: op for op in nt.ops.values() if op.cat == "COMM"}
     bucket_of = {name: b["index"] for b in meta.get(MetaKey.BUCKETS, []) for name in b.get("params", [])}
     for b in meta.get(MetaKey.BUCKETS, []):  # sizes the trace lacks (recorded without shapes)
