@@ -106,15 +106,10 @@ def _gunzip(path: Path, raw: bytes, limit: int) -> bytes:
     return out  # type: ignore[return-value]  (a bytearray: no copy)
 
 
-def read_bytes(path: Path) -> bytes:
-    """File contents, transparently gunzipped; DproInputError on any problem.
-
-    Only regular files are opened (never a FIFO or a device, which could block or never
-    end), and neither the file nor its decompressed contents may exceed the
-    ``max_input_bytes`` of :func:`current_read_options`.
-    """
-    path = Path(path)
-    limit = current_read_options().max_input_bytes
+def _open_regular(path: Path, limit: int) -> tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` and its stat, after checking it is a regular file (never
+    opening a FIFO or a device, which could block or never end) of at most ``limit`` bytes;
+    DproInputError otherwise (nothing left open)."""
     problem = regular_file_problem(path)
     if problem:
         raise DproInputError(path, problem)
@@ -128,6 +123,23 @@ def read_bytes(path: Path) -> bytes:
             raise DproInputError(path, f"is {_kind(st.st_mode)}, expected a regular file")
         if st.st_size > limit:
             raise _limit_error(path, limit, f"holds {st.st_size} bytes,")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bytes(path: Path) -> bytes:
+    """File contents, transparently gunzipped; DproInputError on any problem.
+
+    Only regular files are opened (never a FIFO or a device, which could block or never
+    end), and neither the file nor its decompressed contents may exceed the
+    ``max_input_bytes`` of :func:`current_read_options`.
+    """
+    path = Path(path)
+    limit = current_read_options().max_input_bytes
+    fd, st = _open_regular(path, limit)
+    try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             chunks, total = [f.read(st.st_size + 1)], 0  # one read for a file that does not grow
             total = len(chunks[0])
@@ -354,19 +366,8 @@ class _Reader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.limit = current_read_options().max_input_bytes
-        problem = regular_file_problem(path)
-        if problem:
-            raise DproInputError(path, problem)
+        fd, _ = _open_regular(path, self.limit)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-        except OSError as e:
-            raise DproInputError(path, f"cannot read: {e.strerror or e}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
-                raise DproInputError(path, f"is {_kind(st.st_mode)}, expected a regular file")
-            if st.st_size > self.limit:
-                raise _limit_error(path, self.limit, f"holds {st.st_size} bytes,")
             self._raw = os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)
