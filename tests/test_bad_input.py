@@ -15,44 +15,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import orjson
 import pytest
 from conftest import snapshot
+from input_checks import edit, jload, jsave, one_line_error
 
 READERS = ["replay", "validate"]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def jload(p: Path):
-    raw = p.read_bytes()
-    return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-
-
-def jsave(p: Path, obj) -> None:
-    data = orjson.dumps(obj)
-    p.write_bytes(gzip.compress(data, mtime=0) if p.name.endswith(".gz") else data)
-
-
-def edit(p: Path, fn: Callable) -> None:
-    obj = jload(p)
-    fn(obj)
-    jsave(p, obj)
-
-
-def assert_one_line_error(res, *needles: str) -> str:
-    code, out, err = res
-    assert "Traceback" not in out + err
-    assert code == 2, (code, out, err)
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("dpro: error: "), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def run_reader(run_cli, cmd: str, path: Path, tmp_path: Path):
@@ -261,7 +233,7 @@ def test_bad_gtrace(case: str, cmd: str, gtrace_dir: Path, tmp_path: Path, run_c
     fname, needles = GTRACE_CASES[case](gtrace_dir)
     before = snapshot(gtrace_dir)
     res = run_reader(run_cli, cmd, gtrace_dir, tmp_path)
-    line = assert_one_line_error(res, *needles)
+    line = one_line_error(res, *needles)
     assert line.startswith(f"dpro: error: {gtrace_dir / fname}: "), line
     assert res.out == ""
     assert snapshot(gtrace_dir) == before
@@ -412,7 +384,7 @@ def test_bad_kineto(case: str, cmd: str, kineto_dir: Path, tmp_path: Path, run_c
     fname, needles = KINETO_CASES[case](kineto_dir)
     before = snapshot(kineto_dir)
     res = run_reader(run_cli, cmd, kineto_dir, tmp_path)
-    line = assert_one_line_error(res, *needles)
+    line = one_line_error(res, *needles)
     if fname:
         assert line.startswith(f"dpro: error: {kineto_dir / fname}: "), line
     else:  # a cross-rank problem: the directory (or, if the importer records it, the rank's file)
@@ -427,7 +399,7 @@ def test_kineto_single_file_is_named(kineto_dir: Path, run_cli) -> None:
     """A single rank file given directly (not its directory) is checked the same way."""
     edit(kineto_dir / "rank0.json", lambda j: _k_first_op(j).update(dur=-1))
     for cmd in READERS:
-        line = assert_one_line_error(run_cli(cmd, kineto_dir / "rank0.json"), "negative duration -1")
+        line = one_line_error(run_cli(cmd, kineto_dir / "rank0.json"), "negative duration -1")
         assert line.startswith(f"dpro: error: {kineto_dir / 'rank0.json'}: ")
 
 
@@ -435,7 +407,7 @@ def test_kineto_missing_rank_is_an_error_unless_allowed(kineto_dir: Path, run_cl
     """A Kineto directory holding some ranks only is an error (issue #32); with
     --allow-missing-ranks it is a partial trace, and the output says so."""
     (kineto_dir / "rank0.json").unlink()
-    assert_one_line_error(run_cli("validate", kineto_dir), "1 of 2 worker ranks present", "missing rank(s) 0",
+    one_line_error(run_cli("validate", kineto_dir), "1 of 2 worker ranks present", "missing rank(s) 0",
                           "--allow-missing-ranks")
     code, out, err = run_cli("--allow-missing-ranks", "validate", kineto_dir)
     assert code == 0, err
@@ -448,7 +420,7 @@ def test_kineto_missing_rank_is_an_error_unless_allowed(kineto_dir: Path, run_cl
 @pytest.mark.parametrize("cmd", READERS + ["import"])
 def test_path_does_not_exist(cmd: str, tmp_path: Path, run_cli) -> None:
     missing = tmp_path / "nope"
-    line = assert_one_line_error(run_reader(run_cli, cmd, missing, tmp_path))
+    line = one_line_error(run_reader(run_cli, cmd, missing, tmp_path))
     assert line == f"dpro: error: {missing}: no such file or directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -456,16 +428,16 @@ def test_path_does_not_exist(cmd: str, tmp_path: Path, run_cli) -> None:
 @pytest.mark.parametrize("cmd", READERS)
 def test_directory_with_no_traces(cmd: str, tmp_path: Path, run_cli) -> None:
     (tmp_path / "notes.txt").write_text("hello")
-    line = assert_one_line_error(run_cli(cmd, tmp_path))
+    line = one_line_error(run_cli(cmd, tmp_path))
     assert line == (
         f"dpro: error: {tmp_path}: neither a gTrace directory (manifest.json) nor torch.profiler traces (*.json[.gz])"
     )
 
 
 def test_bad_rank_pattern(kineto_dir: Path, run_cli) -> None:
-    line = assert_one_line_error(run_cli("validate", kineto_dir, "--rank-pattern", "rank(\\d+"))
+    line = one_line_error(run_cli("validate", kineto_dir, "--rank-pattern", "rank(\\d+"))
     assert "bad --rank-pattern 'rank(\\d+'" in line
-    line = assert_one_line_error(run_cli("validate", kineto_dir, "--rank-pattern", "rank\\d+"))
+    line = one_line_error(run_cli("validate", kineto_dir, "--rank-pattern", "rank\\d+"))
     assert "needs a group" in line
 
 
@@ -477,7 +449,7 @@ def test_import_output_under_a_regular_file(kineto_dir: Path, tmp_path: Path, ru
     blocker.write_text("not a directory")
     before = snapshot(tmp_path)
     for out in (blocker / "out", blocker / "deeper" / "out"):
-        line = assert_one_line_error(run_cli("import", "kineto", kineto_dir, "-o", out))
+        line = one_line_error(run_cli("import", "kineto", kineto_dir, "-o", out))
         assert line == f"dpro: error: {out}: cannot write: {blocker} is a file, not a directory"
     assert snapshot(tmp_path) == before
 
@@ -487,7 +459,7 @@ def test_import_output_is_a_regular_file(kineto_dir: Path, tmp_path: Path, run_c
     blocker.write_text("not a directory")
     before = snapshot(tmp_path)
     for extra in ([], ["--force"]):
-        line = assert_one_line_error(run_cli("import", "kineto", kineto_dir, "-o", blocker, *extra))
+        line = one_line_error(run_cli("import", "kineto", kineto_dir, "-o", blocker, *extra))
         assert line == f"dpro: error: {blocker}: already exists and is not a directory"
     assert snapshot(tmp_path) == before
 
@@ -496,7 +468,7 @@ def test_import_of_bad_trace_writes_nothing_even_with_force(gtrace_dir: Path, ki
     """A failed import with --force leaves the existing output directory as it was."""
     before_out = snapshot(gtrace_dir)
     KINETO_CASES["k_negative_duration"](kineto_dir)
-    assert_one_line_error(run_cli("import", "kineto", kineto_dir, "-o", gtrace_dir, "--force"), "negative duration")
+    one_line_error(run_cli("import", "kineto", kineto_dir, "-o", gtrace_dir, "--force"), "negative duration")
     assert snapshot(gtrace_dir) == before_out
 
 
@@ -507,10 +479,10 @@ def test_timeline_to_unwritable_path(kind: str, gtrace_dir: Path, kineto_dir: Pa
     blocker.write_text("not a directory")
     before = snapshot(tmp_path)
     target = blocker / "timeline.json"
-    line = assert_one_line_error(run_cli("replay", src, "--timeline", target))
+    line = one_line_error(run_cli("replay", src, "--timeline", target))
     assert line == f"dpro: error: {target}: cannot write: {blocker} is a file, not a directory"
     # a directory where the file should go
-    line = assert_one_line_error(run_cli("replay", src, "--timeline", tmp_path))
+    line = one_line_error(run_cli("replay", src, "--timeline", tmp_path))
     assert line == f"dpro: error: {tmp_path}: cannot write: is a directory, expected a file name"
     assert snapshot(tmp_path) == before
 

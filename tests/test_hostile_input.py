@@ -10,60 +10,14 @@ from __future__ import annotations
 
 import gzip
 import os
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import orjson
 import pytest
 from conftest import snapshot
+from fuzz.fuzzlib import deadline
+from input_checks import edit, one_line_error
 
 MANIFEST = "manifest.json"
-
-
-def jload(p: Path):
-    raw = p.read_bytes()
-    return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-
-
-def jsave(p: Path, obj) -> None:
-    data = orjson.dumps(obj)
-    p.write_bytes(gzip.compress(data, mtime=0) if p.name.endswith(".gz") else data)
-
-
-def edit(p: Path, fn) -> None:
-    obj = jload(p)
-    fn(obj)
-    jsave(p, obj)
-
-
-@contextmanager
-def deadline(seconds: int = 20) -> Iterator[None]:
-    """Fail (instead of hanging forever) when the block takes longer than ``seconds``."""
-
-    def boom(*_):
-        raise TimeoutError(f"hung for more than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def one_line_error(res, *needles: str) -> str:
-    code, out, err = res
-    assert "Traceback" not in out + err
-    assert code == 2, (code, out, err)
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("dpro: error: "), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def first_x(trace: dict, name_prefix: str = "aten::") -> dict:

@@ -380,9 +380,13 @@ class _Timeout(BaseException):
 
 
 @contextlib.contextmanager
-def _alarm(seconds: int) -> Iterator[None]:
+def deadline(seconds: int = 20, timeout: Callable[[], BaseException] | None = None) -> Iterator[None]:
+    """Raise ``timeout()`` (default: TimeoutError) in this thread when the block takes more
+    than ``seconds``, instead of hanging. The fuzzer raises a BaseException, so that code under
+    test cannot catch it as an ordinary error."""
+
     def boom(*_):
-        raise _Timeout()
+        raise timeout() if timeout else TimeoutError(f"hung for more than {seconds} s")
 
     old = signal.signal(signal.SIGALRM, boom)
     signal.alarm(seconds)
@@ -465,7 +469,7 @@ def _run_in_process(args: list[str], timeout: int) -> tuple[int | None, str, str
     _AUDIT.opened.clear()
     _AUDIT.active = True
     try:
-        with _alarm(timeout):
+        with deadline(timeout, _Timeout):
             res = CliRunner().invoke(cli, args, prog_name="dpro", catch_exceptions=True)
     except _Timeout:
         return None, "", "", None, records
