@@ -323,7 +323,7 @@ def collect(dirs: tuple[Path, ...], output: Path, force: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="dpro-merge-") as tmp:
         merge_dirs(list(dirs), Path(tmp))
         try:
-            gt = collect_raw(Path(tmp))
+            gt = collect_raw(Path(tmp), source=", ".join(str(d) for d in dirs))
         except DproInputError as e:  # name the user's file, not its merged copy
             if not (e.path and Path(e.path).is_relative_to(tmp)):
                 raise

@@ -130,12 +130,27 @@ def recorded_framework(raw: Path) -> str:
     return FRAMEWORK_PYTORCH
 
 
-def collect(raw: Path, *, progress: bool | None = None) -> GTrace:
+
+def _name_source(gt: GTrace, source: str) -> GTrace:
+    """Name the user's directories, not the temporary copies the importers read, as the source."""
+    gt.source = source
+    meta = gt.manifest.meta if isinstance(gt.manifest.meta, dict) else {}
+    meta["source"] = source
+    meta.pop("files", None)  # paths of the temporary copies
+    gt.manifest.meta = meta
+    return gt
+
+def collect(raw: Path, *, progress: bool | None = None, source: str | None = None) -> GTrace:
     """Import a recording directory as a GTrace (dispatching on the recorded framework).
 
     PyTorch ranks write ``rank<r>.json.gz`` (Kineto) + ``rank<r>.meta.json``; other
-    frameworks have their own collector module.
+    frameworks have their own collector module. ``source`` is what the trace names as where
+    it came from (default: ``raw``), for a caller that merged the user's directories first.
     """
+    return _name_source(_collect(raw, progress), source or str(raw))
+
+
+def _collect(raw: Path, progress: bool | None) -> GTrace:
     framework = recorded_framework(raw)
     if framework == FRAMEWORK_TENSORFLOW:
         from dpro.importers.tensorflow.convert import collect_tf
