@@ -45,6 +45,9 @@ class BuildOptions:
     expand_collectives: bool = True
     #: override the fitted link cost
     link_cost: LinkCost | None = None
+    #: with ``link_cost``: the cost per process group (its sorted ranks), e.g. fitted on other
+    #: steps (:attr:`BuildInfo.group_costs`; the leave-one-out check of docs/fidelity.md)
+    group_costs: dict[tuple[int, ...], LinkCost] | None = None
     #: restrict to these steps (default: the manifest's)
     steps: list[int] | None = None
     #: scale each worker's CPU ops by its measured profiling overhead (dpro.graph.overhead):
@@ -57,6 +60,8 @@ class BuildInfo:
     """What the builder decided, for the report."""
 
     link_cost: LinkCost | None = None
+    #: the cost fitted per process group (its sorted ranks), where it was fitted per group
+    group_costs: dict[tuple[int, ...], LinkCost] = field(default_factory=dict)
     expanded: int = 0
     kept_coarse: int = 0
     notes: list[str] = field(default_factory=list)
@@ -205,7 +210,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         if len(ranks) > 1 and all(r in present for r in ranks) and len(members) == len(ranks):
             complete[txn] = members
     cost = opts.link_cost
-    group_cost: dict[tuple[int, ...], LinkCost] = {}
+    group_cost: dict[tuple[int, ...], LinkCost] = dict(opts.group_costs or {}) if cost is not None else {}
     kinds = {gt.nodes[m[0][0]].ops[m[0][1]].sub_op for m in complete.values()}
     rank_sets = {frozenset(gt.nodes[nn].info.rank for nn, _ in m) for m in complete.values()}
     if opts.expand_collectives and complete and cost is None:
@@ -216,6 +221,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         if cost is None:
             info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
     info.link_cost = cost
+    info.group_costs = group_cost
     expand = set(complete) if (opts.expand_collectives and cost is not None) else set()
 
     # Fine-grained producer -> consumer pairs (SEND -> RECV, PUSH_REQ -> PUSH_RES, ...).
