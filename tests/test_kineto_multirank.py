@@ -142,3 +142,46 @@ def test_gloo_groups_from_thread_pools_and_pg_config():
     segs = [comm_seg(100)]
     assign_gloo_groups(segs, 7, {"pg_config": cfg["pg_config"][:1]}, "rank0.json", notes)
     assert segs[0].group is None
+
+
+def X(name, cat, ts, dur, tid=1, pid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
+def test_nccl_send_recv_joined_across_ranks(tmp_path):
+    """NCCL point-to-point (hand-written: no GPU here, and no shared trace has one): rank 0
+    computes 3 ms then sends to rank 1, whose receive kernel (``ncclKernel_SendRecv``) was
+    launched at once and waits; rank 1 then computes 1 ms on the received tensor. The pair is
+    one transfer and the critical path runs from rank 0's compute into rank 1's."""
+    def kern(name, ts, dur, corr):
+        return X(name, "kernel", ts, dur, tid=20, pid=0, device=0, stream=20, correlation=corr)
+
+    def launch(ts, corr):
+        return X("cudaLaunchKernel", "cuda_runtime", ts, 5, correlation=corr)
+
+    sendrecv = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
+    dims = {"Input Dims": [[[1024, 256]], [], [], []], "Input type": ["TensorList", "", "Scalar", "Scalar"]}
+    r0 = [X("ProfilerStep#1", "user_annotation", 0, 3700),
+          X("aten::mm", "cpu_op", 10, 40), launch(20, 1), kern("gemm", 30, 3000, 1),
+          X("c10d::send", "cpu_op", 60, 50, **dims, **{"Concrete Inputs": ["", "", "1", "0"]}),
+          X("nccl:send", "cpu_op", 65, 40, **{"Input Dims": [[1024, 256]], "Input type": ["float"]}),
+          launch(70, 2), kern(sendrecv, 3030, 400, 2)]
+    r1 = [X("ProfilerStep#1", "user_annotation", 0, 4500),
+          X("c10d::recv_", "cpu_op", 10, 50, **dims, **{"Concrete Inputs": ["", "", "0", "0"]}),
+          X("nccl:recv", "cpu_op", 15, 40, **{"Input Dims": [[1024, 256]], "Input type": ["float"]}),
+          launch(20, 1), kern(sendrecv, 30, 3400, 1),
+          X("aten::relu", "cpu_op", 100, 20), launch(110, 2), kern("relu", 3430, 1000, 2)]
+    d = tmp_path / "job"
+    d.mkdir()
+    for r, evs in enumerate((r0, r1)):
+        info = {"rank": r, "world_size": 2, "backend": "nccl"}
+        (d / f"rank{r}.json").write_text(__import__("json").dumps({"traceEvents": evs, "distributedInfo": info}))
+    gt = import_kineto(d, progress=False)
+    ops = {(n, o.sub_op): o for n, o in comm_ops(gt)}
+    assert set(ops) == {("worker0", "SEND"), ("worker1", "RECV")}
+    assert ops[("worker0", "SEND")].txn == ops[("worker1", "RECV")].txn == "p2p/0->1/tag0.0"
+    assert ops[("worker0", "SEND")].bytes == 1024 * 256 * 4
+    res = replay(gt)
+    assert res.build.expanded == 1 and len(cross_rank_links(res)) == 1
+    path = [p.device.split("/")[0] for p in res.critical_path]
+    assert path[0] == "worker0" and path[-1] == "worker1"

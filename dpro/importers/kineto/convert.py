@@ -130,6 +130,7 @@ def _describe_collective(k: Seg, info: CommInfo) -> None:
         k.nbytes, k.numel = info.nbytes, info.numel
     k.group = k.group or info.group
     k.pg = k.pg or info.pg
+    k.p2p = k.p2p or info.p2p  # an NCCL send/recv (ncclKernel_SendRecv): joined with its peer's
 
 
 def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:

@@ -94,6 +94,8 @@ class CommInfo:
     coll_from_args: bool = False
     #: the process group's name (``Process Group Name``), where the trace gives it
     pg: str | None = None
+    #: a point-to-point issue's ('send' | 'recv', peer, tag) (:func:`p2p_of`)
+    p2p: tuple[str, int, int] | None = None
 
 
 #: the ``args`` of an event that has none: one shared, read-only mapping, not a new dict
@@ -318,7 +320,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
                     if issue is not None:
                         comm_info[int(c.args["correlation"])] = replace(issue)
             elif is_issue(c.name) and issue is None:
-                info = CommInfo(_coll_name(c.name))
+                info = CommInfo(_coll_name(c.name), p2p=p2p_of(c.name, c.args))
                 _update_comm_info(info, c.name, c.args)
                 walk(c, info)
                 points.append((c.end, "issue", (bucket.pop() if bucket else None, _comm_numel(c.args))))
@@ -335,7 +337,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     else:
         root = None
         if is_issue(op.name):
-            root = CommInfo(_coll_name(op.name))
+            root = CommInfo(_coll_name(op.name), p2p=p2p_of(op.name, op.args))
             _update_comm_info(root, op.name, op.args)
         walk(op, root)
         if is_issue(op.name):
