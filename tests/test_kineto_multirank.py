@@ -98,8 +98,7 @@ def test_critical_path_crosses_ranks(name):
 #: |prediction - median CPU step| bound each recording defends: half the range of its own
 #: steps (recorded niced on a loaded 2-core machine, the steps vary by +-24 % (tp_dp) and
 #: +-26 % (pipeline) around their median: docs/fidelity.md); the predictions are +5.2 %
-#: and -15.5 %, the pipeline's low because its transfers' times are heavy-tailed (the
-#: receiver's wake-up on an oversubscribed host) and the fit takes their median
+#: and -7.6 %
 @pytest.mark.parametrize("name", ["tp_dp", "pipeline"])
 def test_prediction_within_the_recordings_step_spread(name):
     gt, res = job(name)

@@ -376,6 +376,18 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     if p2p is not None:
         issue_seg = next((x for x in segs if x.issue), segs[-1])
         issue_seg.p2p = p2p
+        if p2p[0] == "send" and len(nested) == 1 and not any(x.launches for x in segs):
+            # gloo runs the send inside its issue and records gloo:send at the issue's end,
+            # but the data can leave at once (the receiver had it up to 45 ms before that
+            # record started): the send is the whole op, issued at its start, and the thread
+            # is blocked until it ends, as it is in a receive (docs/kineto.md)
+            c = nested[0]
+            issue_seg.seqs, issue_seg.name = segs[0].seqs, op.name
+            issue_seg.ts = issue_seg.end = op.ts
+            exec_seg = Seg("comm", c.name, op.ts, max(c.end, op.end), "COMM", coll=_coll_name(c.name),
+                           nbytes=_comm_bytes(c.args), numel=_comm_numel(c.args))
+            exec_seg.p2p = p2p
+            return [issue_seg, exec_seg]
     for c in nested:  # executed on the calling thread, inside the issue: a collective of its own
         exec_seg = Seg("comm", c.name, c.ts, c.end, "COMM", coll=_coll_name(c.name), nbytes=_comm_bytes(c.args),
                        numel=_comm_numel(c.args))
