@@ -184,3 +184,18 @@ def test_nccl_send_recv_joined_across_ranks(tmp_path):
     assert res.build.expanded == 1 and len(cross_rank_links(res)) == 1
     path = [p.device.split("/")[0] for p in res.critical_path]
     assert path[0] == "worker0" and path[-1] == "worker1"
+
+
+def test_odd_distributed_info_and_p2p_arguments_are_ignored():
+    """Malformed pg_config or Concrete Inputs: no groups, no peer; never an exception."""
+    from dpro.importers.kineto.groups import _rank_groups
+    from dpro.importers.kineto.segments import p2p_of
+
+    for bad in (None, [], {"pg_config": "x"}, {"pg_config": [1]}, {"pg_config": [{"pg_name": "tp", "ranks": [0, 1]}]},
+                {"pg_config": [{"pg_name": "1", "ranks": [0, True]}]}, {"pg_config": [{"pg_name": "1", "ranks": "0,1"}]}):
+        assert _rank_groups(bad) == []
+    assert p2p_of("c10d::send", {"Concrete Inputs": ["", "", "3", "7"]}) == ("send", 3, 7)
+    for args in ({}, {"Concrete Inputs": "x"}, {"Concrete Inputs": ["", "", "1e400", "0"]},
+                 {"Concrete Inputs": ["", "", None, "0"]}, {"Concrete Inputs": ["", ""]}):
+        assert p2p_of("c10d::recv_", args) is None
+    assert p2p_of("c10d::allreduce_", {"Concrete Inputs": ["", "", "1", "0"]}) is None
