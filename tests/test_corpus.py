@@ -13,10 +13,8 @@ hand-written traces for each way the Kineto importer used to fail on it.
 
 from __future__ import annotations
 
-import gzip
 import os
-import re
-import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,10 +24,10 @@ from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("DPRO_SHARED", REPO.parent / "shared")) / "traces" / "corpus"
+sys.path.insert(0, str(REPO / "benchmarks" / "fidelity"))
+from kineto_steps import cpu_step_median  # noqa: E402  (one reader, shared with the harnesses)
+
 SETS = sorted(d.name for d in CORPUS.iterdir() if d.is_dir()) if CORPUS.is_dir() else []
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-#: categories of a CPU-side ProfilerStep span (``Operator``: PyTorch 1.8's name for cpu_op)
-CPU_STEP_CATS = {"user_annotation", "cpu_op", "Operator"}
 #: sets whose measured step is not yet the median CPU step: a step whose structure differs is
 #: aligned with the reference step's where at least 70 % of the reference's ops match by name
 #: and order (hta_trace_compare_base: 10 of 14; tl_mi300_resnet_act_ckpt: 2429 and 2356 of
@@ -68,28 +66,6 @@ def replay_json(path: Path) -> dict:
     code, out, err = cli("replay", path, "--json")
     assert code == 0, err
     return orjson.loads(out)
-
-
-def cpu_step_median(folder: Path) -> float | None:
-    """Median over step numbers of the mean over files of the CPU ProfilerStep#N span."""
-    steps = cpu_steps(folder)
-    return statistics.median(steps.values()) if steps else None
-
-
-def cpu_steps(folder: Path) -> dict[int, float]:
-    """Step number -> mean over the folder's trace files of its CPU ProfilerStep#N span (raw JSON)."""
-    per_step: dict[int, list[float]] = defaultdict(list)
-    for f in sorted(folder.iterdir()):
-        if not f.name.endswith((".json", ".json.gz")):
-            continue
-        raw = f.read_bytes()
-        d = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        evs = d if isinstance(d, list) else d["traceEvents"]
-        for e in evs:
-            m = STEP_RE.match(str(e.get("name", ""))) if isinstance(e, dict) and e.get("ph") == "X" else None
-            if m and e.get("cat") in CPU_STEP_CATS:
-                per_step[int(m.group(1))].append(float(e["dur"]))
-    return {s: statistics.mean(v) for s, v in per_step.items()}
 
 
 _results: dict[str, tuple[int, str, str]] = {}

@@ -70,3 +70,19 @@ def test_random_nodes_bit_identical(seed: int):
     nt = NodeTrace(NodeInfo("w0", "worker", 0, "h"), ops, edges, events, steps)
     same(nt, None)
     same(nt, sorted(rng.sample(range(n_steps), max(1, n_steps // 2))) + [n_steps + 5])
+
+
+def test_stalled_steps_are_named_in_the_replay_notes():
+    """A step in which one rank took 5x its time is left out, and the replay says which."""
+    from dpro.graph.stats import stalled_steps
+    from dpro.replayer.replay import replay_on_one_clock
+
+    gt = open_trace(Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp_gloo_2rank_mlp")
+    steps = list(gt.manifest.steps)
+    nt = next(iter(gt.nodes.values()))
+    t0, dur = nt.steps[steps[1]]
+    nt.steps[steps[1]] = (t0, 5 * dur)
+    assert stalled_steps(list(gt.nodes.values()), steps) == [steps[1]]
+    res = replay_on_one_clock(gt)
+    assert steps[1] not in res.steps
+    assert any(n.startswith(f"steps [{steps[1]}] left out as stalls") for n in res.notes)

@@ -15,42 +15,20 @@ own mean CPU step; the mean and largest |error| are printed.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import re
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
-
-import orjson
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dpro.errors import DproInputError  # noqa: E402
 from dpro.graph.global_dfg import BuildOptions  # noqa: E402
 from dpro.importers.kineto import import_kineto  # noqa: E402
 from dpro.replayer.replay import replay  # noqa: E402
-
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-CPU_STEP_CATS = {"user_annotation", "cpu_op", "Operator"}
-
-
-def cpu_steps(folder: Path) -> dict[int, float]:
-    """Step number -> mean CPU ProfilerStep span over the set's files (µs)."""
-    per_step: dict[int, list[float]] = defaultdict(list)
-    for f in sorted(folder.iterdir()):
-        if not f.name.endswith((".json", ".json.gz")):
-            continue
-        raw = f.read_bytes()
-        d = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        for e in d if isinstance(d, list) else d["traceEvents"]:
-            m = STEP_RE.match(str(e.get("name", ""))) if isinstance(e, dict) and e.get("ph") == "X" else None
-            if m and e.get("cat") in CPU_STEP_CATS:
-                per_step[int(m.group(1))].append(float(e["dur"]))
-    return {s: statistics.mean(v) for s, v in per_step.items()}
-
+from kineto_steps import cpu_steps  # noqa: E402
 
 def evaluate(folder: Path) -> dict | None:
     steps = cpu_steps(folder)

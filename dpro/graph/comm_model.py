@@ -108,16 +108,23 @@ PATTERNS = {"ALLREDUCE": "ring", "ALLGATHER": "ring", "REDUCESCATTER": "ring", "
             "ALLTOALL": "pairwise"}
 
 
+#: a point-to-point transfer (a SEND and its RECV, joined by transaction id): one step of
+#: the whole message on the link from sender to receiver
+P2P = ("SEND", "RECV")
+
+
 def collective_steps(sub_op: str, n: int) -> int:
     """Transfer steps of a collective over n ranks, each on every rank's link at once."""
+    if sub_op in P2P:
+        return 1
     return ring_steps(n) if sub_op == "ALLREDUCE" else n - 1
 
 
 def chunk_bytes(sub_op: str, nbytes: float, n: int) -> float:
     """Bytes each rank moves per step: B/N (AllReduce, ReduceScatter, Broadcast: B is the
     whole tensor; AllToAll: B is the rank's input, one chunk per peer), B for AllGather (B
-    is the rank's own input, the chunk every step forwards)."""
-    return nbytes if sub_op == "ALLGATHER" else nbytes / n
+    is the rank's own input, the chunk every step forwards; a point-to-point message: B)."""
+    return nbytes if sub_op == "ALLGATHER" or sub_op in P2P else nbytes / n
 
 
 def fit_collective_cost(instances: list[tuple[float, float, int, float, int]]) -> LinkCost | None:

@@ -8,7 +8,11 @@ before the collective), the 2(N-1) SEND steps of a ring AllReduce on the directe
 local consumers wait for.  NCCL collectives of the other kinds on accelerator streams are
 expanded as well: AllGather, ReduceScatter and Broadcast as N-1 ring steps, AllToAll as N-1
 rounds of pairwise transfers (``comm_model.PATTERNS``), with alpha/beta fitted per process
-group.  Collectives whose peers are absent keep their measured time.
+group.  Point-to-point transfers of a Kineto import (a SEND and the RECV with its transaction
+id ``p2p/<src>-><dst>/...``, :data:`P2P_TXN`) are expanded alike: one transfer of the message
+on ``link:src->dst`` once both ranks have joined, which both wait for (gloo's send returns
+when the receiver has the data), with alpha/beta fitted per pair of ranks.
+Collectives whose peers are absent keep their measured time.
 Fine-grained SEND/RECV and PUSH/PULL ops already in the trace are joined producer ->
 consumer by transaction id.
 """
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from dpro.graph.builder import GraphBuilder
 from dpro.graph.comm_model import (
-    PATTERNS, LinkCost, chunk_bytes, collective_steps, fit_collective_cost, fit_link_cost,
+    P2P, PATTERNS, LinkCost, chunk_bytes, collective_steps, fit_collective_cost, fit_link_cost,
 )
 from dpro.graph.compiled import CompiledGraph
 from dpro.graph.intervals import busy_periods
@@ -41,6 +45,9 @@ class BuildOptions:
     expand_collectives: bool = True
     #: override the fitted link cost
     link_cost: LinkCost | None = None
+    #: with ``link_cost``: the cost per process group (its sorted ranks), e.g. fitted on other
+    #: steps (:attr:`BuildInfo.group_costs`; the leave-one-out check of docs/fidelity.md)
+    group_costs: dict[tuple[int, ...], LinkCost] | None = None
     #: restrict to these steps (default: the manifest's)
     steps: list[int] | None = None
     #: scale each worker's CPU ops by its measured profiling overhead (dpro.graph.overhead):
@@ -53,6 +60,8 @@ class BuildInfo:
     """What the builder decided, for the report."""
 
     link_cost: LinkCost | None = None
+    #: the cost fitted per process group (its sorted ranks), where it was fitted per group
+    group_costs: dict[tuple[int, ...], LinkCost] = field(default_factory=dict)
     expanded: int = 0
     kept_coarse: int = 0
     notes: list[str] = field(default_factory=list)
@@ -77,6 +86,14 @@ def _collective_busy_periods(gt: GTrace, stats: dict[str, dict[str, OpStats]],
             if len(v) == len(members):
                 inst[s].append((max(t for t, _ in v), max(e for _, e in v), nbytes, len(members)))
     return [(p.pieces, p.bytes, p.group, p.duration_us) for v in inst.values() for p in busy_periods(v)]
+
+
+#: transaction id prefix of the point-to-point transfers a Kineto import joins across ranks
+P2P_TXN = "p2p/"
+
+
+def _is_p2p(op) -> bool:
+    return op.sub_op in P2P and op.txn is not None and op.txn.startswith(P2P_TXN) and op.group is not None
 
 
 #: device name prefixes of accelerator streams (Kineto imports: ``gpu0:s7``; tests: ``cuda:0``)
@@ -155,6 +172,12 @@ def _expand_pairwise(b: GraphBuilder, txn: str, ranks: list[int], by_rank: dict[
             b.add_edge(i, ends[by_rank[r]])
 
 
+def _p2p_ends(gt: GTrace, members: list[tuple[str, str]]) -> tuple[int, int] | None:
+    """(sender, receiver) ranks of a point-to-point transfer."""
+    by_sub = {gt.nodes[n].ops[o].sub_op: gt.nodes[n].info.rank for n, o in members}
+    return (by_sub["SEND"], by_sub["RECV"]) if set(by_sub) == {"SEND", "RECV"} else None
+
+
 def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
                      stats: dict[str, dict[str, OpStats]] | None = None) -> tuple[CompiledGraph, BuildInfo]:
     """Build the global DFG of ``gt`` ready for replay.
@@ -177,7 +200,8 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
     for name, nt in gt.nodes.items():
         for op in nt.ops.values():
             if op.cat == "COMM" and op.txn is not None and (
-                    op.sub_op == "ALLREDUCE" or (op.sub_op in PATTERNS and op.device.startswith(ACCELERATORS))):
+                    op.sub_op == "ALLREDUCE" or (op.sub_op in PATTERNS and op.device.startswith(ACCELERATORS))
+                    or _is_p2p(op)):
                 groups[op.txn].append((name, op.id))
     complete = {}
     for txn, members in groups.items():
@@ -186,7 +210,7 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         if len(ranks) > 1 and all(r in present for r in ranks) and len(members) == len(ranks):
             complete[txn] = members
     cost = opts.link_cost
-    group_cost: dict[tuple[int, ...], LinkCost] = {}
+    group_cost: dict[tuple[int, ...], LinkCost] = dict(opts.group_costs or {}) if cost is not None else {}
     kinds = {gt.nodes[m[0][0]].ops[m[0][1]].sub_op for m in complete.values()}
     rank_sets = {frozenset(gt.nodes[nn].info.rank for nn, _ in m) for m in complete.values()}
     if opts.expand_collectives and complete and cost is None:
@@ -197,13 +221,14 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         if cost is None:
             info.notes.append("collective sizes unknown (record_shapes off?): collectives keep measured times")
     info.link_cost = cost
+    info.group_costs = group_cost
     expand = set(complete) if (opts.expand_collectives and cost is not None) else set()
 
     # Fine-grained producer -> consumer pairs (SEND -> RECV, PUSH_REQ -> PUSH_RES, ...).
     by_txn: dict[tuple[str, str], tuple[str, str]] = {}
     for name, nt in gt.nodes.items():
         for op in nt.ops.values():
-            if op.cat == "COMM" and op.sub_op not in COARSE_SUB_OPS and op.txn is not None:
+            if op.cat == "COMM" and op.sub_op not in COARSE_SUB_OPS and op.txn is not None and not _is_p2p(op):
                 by_txn[(op.sub_op, op.txn)] = (name, op.id)
     pairs = [(by_txn[(prod, txn)], by_txn[(cons, txn)])
              for prod, cons in PAIRS.items() for (sub, txn) in by_txn if sub == prod and (cons, txn) in by_txn]
@@ -241,6 +266,15 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
         sub = gt.nodes[members[0][0]].ops[members[0][1]].sub_op
         c = group_cost.get(tuple(ranks), cost)
         prio = max(stats[nn][o].offset for nn, o in members)
+        if sub in P2P:  # one transfer from the sender to the receiver; both wait for it
+            src, dst = _p2p_ends(gt, members) or (ranks[0], ranks[1])
+            d = b.add_device(f"link:{src}->{dst}", owner=by_rank[src][0], is_comm=True)
+            i = b.add_op(f"{txn}/p2p/{src}->{dst}", dur=c.step_us(nbytes), cat="COMM", device=d, prio=prio)
+            for r in ranks:
+                b.add_edge(idx[by_rank[r]], i)
+                b.add_edge(i, ends[by_rank[r]])
+            info.expanded += 1
+            continue
         if PATTERNS[sub] == "pairwise":
             _expand_pairwise(b, txn, ranks, by_rank, c.step_us(chunk_bytes(sub, nbytes, n)), prio, idx, ends)
             info.expanded += 1

@@ -51,13 +51,22 @@ def typical_steps(nodes: list[NodeTrace], steps: list[int], trim: float = TRIM, 
     """
     if not steps:
         return []
-    peak = {s: max([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0]) for s in steps}
-    limit = stall * float(np.median(list(peak.values())))
-    steps = [s for s in steps if peak[s] <= limit]
+    stalls = set(stalled_steps(nodes, steps, stall))
+    steps = [s for s in steps if s not in stalls]
     dur = {s: float(np.mean([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0])) for s in steps}
     order = sorted(steps, key=lambda s: (dur[s], s))
     k = int(trim * len(order))
     return sorted(order[k : len(order) - k])
+
+
+def stalled_steps(nodes: list[NodeTrace], steps: list[int], stall: float = STALL) -> list[int]:
+    """The steps :func:`typical_steps` leaves out as stalls: those whose slowest node took
+    more than ``stall`` x the median over ``steps`` of the slowest node's step."""
+    if not steps:
+        return []
+    peak = {s: max([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0]) for s in steps}
+    limit = stall * float(np.median(list(peak.values())))
+    return [s for s in steps if peak[s] > limit]
 
 
 def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpStats]:

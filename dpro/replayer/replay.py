@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from dpro.graph.compiled import CompiledGraph
 from dpro.graph.global_dfg import BuildInfo, BuildOptions, build_global_dfg
-from dpro.graph.stats import OpStats, measured_iteration_us, typical_steps
+from dpro.graph.stats import STALL, OpStats, measured_iteration_us, stalled_steps, typical_steps
 from dpro.gtrace.schema import GTrace
 from dpro.replayer.breakdown import breakdown
 from dpro.replayer.critical_path import PathOp, critical_path
@@ -101,8 +101,13 @@ def replay_on_one_clock(gt: GTrace, options: BuildOptions | None = None, *, alig
     alignment that put them there (its notes join the replay's), if any; ``stats``: the
     nodes' op statistics over the steps ``options`` select, where the caller has them."""
     options = options or BuildOptions()
+    step_notes = []
     if not options.steps:
         options = replace(options, steps=typical_steps(list(gt.nodes.values()), gt.manifest.steps))
+        stalls = stalled_steps(list(gt.nodes.values()), gt.manifest.steps)
+        if stalls:  # named: the measured iteration leaves them out too
+            step_notes.append(f"steps {stalls} left out as stalls (a rank's step above {STALL:g}x the median "
+                              f"of the slowest rank's step); replayed and measured over steps {list(options.steps)}")
     g, info = build_global_dfg(gt, options, stats=stats)
     sched = simulate(g)
     workers = [i for i, o in enumerate(g.owners) if gt.nodes[o].info.role == "worker"]
@@ -115,7 +120,7 @@ def replay_on_one_clock(gt: GTrace, options: BuildOptions | None = None, *, alig
         graph=g,
         schedule=sched,
         build=info,
-        notes=list(gt.notes) + info.notes + alignment_notes(alignment),
+        notes=list(gt.notes) + step_notes + info.notes + alignment_notes(alignment),
         steps=list(steps),
         alignment=alignment,
     )

@@ -17,6 +17,7 @@ from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
 from dpro.executor import Mapper
 from dpro.importers.kineto.pool import default_mapper
+from dpro.importers.kineto.groups import assign_gloo_groups
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, check_rank_pattern, load_rank_file, trace_files
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
@@ -77,6 +78,10 @@ def _backward_layers(segs: list[Seg]) -> None:
             s.layer = next((layer_of[q] for q in s.seqs if q in layer_of), None)
 
 
+#: gloo's point-to-point executions (``gloo:send``, ``gloo:recv``), by their collective name
+_P2P_EXECS = frozenset({"send", "recv"})
+
+
 def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float, float]]) -> list[tuple[Seg, Seg]]:
     """Pair each collective issue of a step with a gloo execution of that step.
 
@@ -101,11 +106,16 @@ def _pair_gloo(issues: list[Seg], gloo: list[Seg], steps: dict[int, tuple[float,
     for st, iss in issued.items():
         free = list(by_step.get(st, []))
         for issue in iss:
-            c = next((c for c in free if not (issue.numel and c.numel) or c.numel == issue.numel), None)
+            # a send or receive takes an execution of its own kind, a collective never takes one
+            kind = issue.p2p[0] if issue.p2p else None
+            c = next((c for c in free if (c.coll == kind if kind else c.coll not in _P2P_EXECS)
+                      and (not (issue.numel and c.numel) or c.numel == issue.numel)), None)
             if c is None:
                 continue
             free.remove(c)
             c.step = st
+            if issue.p2p:
+                c.p2p = issue.p2p
             pairs.append((issue, c))
     return pairs
 
@@ -120,6 +130,7 @@ def _describe_collective(k: Seg, info: CommInfo) -> None:
         k.nbytes, k.numel = info.nbytes, info.numel
     k.group = k.group or info.group
     k.pg = k.pg or info.pg
+    k.p2p = k.p2p or info.p2p  # an NCCL send/recv (ncclKernel_SendRecv): joined with its peer's
 
 
 def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[float, float]], list[Seg], list[Seg], list[tuple[Seg, Seg]]]:
@@ -136,7 +147,9 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
         t1 = max(e.ts + e.dur for e in rf.events)
         steps = {0: (t0, t1)}
         notes.append(f"{rf.path.name}: no ProfilerStep markers; the whole trace is one step")
-    segs, gloo = cpu_segments(rf, _main_tid(rf))
+    main_tid = _main_tid(rf)
+    segs, gloo = cpu_segments(rf, main_tid)
+    assign_gloo_groups(gloo, main_tid, rf.meta.get("distributedInfo"), rf.path.name, notes)
     gpu = gpu_segments(rf)
     _assign_steps(segs, steps)
     _classify(segs)
@@ -384,9 +397,18 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     for p in pairs:
         per_step_pairs[p[1].step].append(p)
     bucket_of: dict[int, int] = {}
-    several = len({_pg_key(c) for _, c in pairs}) > 1
+    several = len({_pg_key(c) for _, c in pairs if c.p2p is None}) > 1
     for st, ps in per_step_pairs.items():
         seq: Counter = Counter()
+        p2p = [p for p in ps if p[1].p2p is not None]
+        ps = [p for p in ps if p[1].p2p is None]
+        for issue, c in p2p:  # the k-th transfer from src to dst (with its tag) in the step, on both ranks
+            kind, peer, tag = c.p2p  # type: ignore[misc]
+            key = f"p2p/{rf.rank}->{peer}" if kind == "send" else f"p2p/{peer}->{rf.rank}"
+            key += f"/tag{tag}"
+            txn_of[id(c)] = f"{key}.{seq[key]}"
+            seq[key] += 1
+            c.group = tuple(sorted((rf.rank, peer)))
         for j, (issue, c) in enumerate(ps):
             if several:  # each process group numbers its own collectives (its sequence number)
                 key = _pg_key(c)
@@ -454,6 +476,8 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
                         # launch predates the capture) is named by its place on its queue
                         txn = txn_of.get(id(s), f"{s.coll}.unissued{k}")
                         op.sub_op = _SUB_OP.get(s.coll, "ALLREDUCE")
+                        if s.p2p is not None and id(s) in txn_of:  # joined with its peer's (global_dfg)
+                            op.sub_op = "SEND" if s.p2p[0] == "send" else "RECV"
                         op.tensor = f"bucket{bucket_of[id(s)]}" if id(s) in bucket_of else f"{s.coll}.{txn.split('.')[-1]}"
                         op.bytes = s.nbytes
                         op.txn = txn

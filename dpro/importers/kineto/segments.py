@@ -74,6 +74,12 @@ class Seg:
     #: collectives this segment launched, as the CPU side describes them (``record_param_comms``,
     #: ``nccl:*``, ``c10d::*``): correlation id of the launch -> :class:`CommInfo`
     comm_info: dict[int, "CommInfo"] = field(default_factory=dict)
+    #: point-to-point issue (``c10d::send`` / ``c10d::recv_``) or execution (``gloo:send`` /
+    #: ``gloo:recv``): ('send' | 'recv', peer rank, tag); the peer is the issue's (None: unknown)
+    p2p: tuple[str, int, int] | None = None
+    #: the thread that recorded a gloo execution (its process group's worker pool, see
+    #: dpro/importers/kineto/groups.py)
+    thread: object = None
 
 
 @dataclass(slots=True)
@@ -88,6 +94,8 @@ class CommInfo:
     coll_from_args: bool = False
     #: the process group's name (``Process Group Name``), where the trace gives it
     pg: str | None = None
+    #: a point-to-point issue's ('send' | 'recv', peer, tag) (:func:`p2p_of`)
+    p2p: tuple[str, int, int] | None = None
 
 
 #: the ``args`` of an event that has none: one shared, read-only mapping, not a new dict
@@ -194,6 +202,24 @@ def is_issue(name: str) -> bool:
     return name.startswith("c10d::") and not name.startswith(("c10d::wait", "c10d::monitored_barrier"))
 
 
+#: point-to-point issues and the index of the peer rank in their ``Concrete Inputs``
+#: (``c10d::send(tensors, process_group, dstRank, tag)``, ``c10d::recv_(..., srcRank, tag)``)
+P2P_ISSUES = {"c10d::send": "send", "c10d::recv_": "recv"}
+
+
+def p2p_of(name: str, args: Mapping) -> tuple[str, int, int] | None:
+    """('send' | 'recv', peer, tag) of a point-to-point issue; None for anything else or
+    where the trace does not give the peer (a receive from any source)."""
+    kind = P2P_ISSUES.get(name)
+    ci = args.get("Concrete Inputs")
+    if kind is None or not isinstance(ci, list) or len(ci) < 4:
+        return None
+    try:
+        return kind, int(ci[2]), int(ci[3])
+    except (TypeError, ValueError):
+        return None
+
+
 def is_comm_kernel(name: str) -> bool:
     return bool(_NCCL_KERNEL_RE.match(name))
 
@@ -275,6 +301,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     bucket: list[int] = []
 
     comm_info: dict[int, CommInfo] = {}
+    nested: list[_Ev] = []  # gloo executions recorded inside the issue (gloo:send)
 
     def walk(x: _Ev, issue: CommInfo | None) -> None:
         for c in x.children:
@@ -293,12 +320,14 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
                     if issue is not None:
                         comm_info[int(c.args["correlation"])] = replace(issue)
             elif is_issue(c.name) and issue is None:
-                info = CommInfo(_coll_name(c.name))
+                info = CommInfo(_coll_name(c.name), p2p=p2p_of(c.name, c.args))
                 _update_comm_info(info, c.name, c.args)
                 walk(c, info)
                 points.append((c.end, "issue", (bucket.pop() if bucket else None, _comm_numel(c.args))))
                 continue
             else:
+                if issue is not None and c.name.startswith("gloo:"):
+                    nested.append(c)
                 if issue is not None and (c.name.startswith("nccl:") or c.name == "record_param_comms"):
                     _update_comm_info(issue, c.name, c.args)
                 walk(c, issue)
@@ -308,7 +337,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     else:
         root = None
         if is_issue(op.name):
-            root = CommInfo(_coll_name(op.name))
+            root = CommInfo(_coll_name(op.name), p2p=p2p_of(op.name, op.args))
             _update_comm_info(root, op.name, op.args)
         walk(op, root)
         if is_issue(op.name):
@@ -343,6 +372,27 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
             s.name = f"{op.name}[{i}]"
     own = op.args.get("Sequence number")
     segs[0].seqs = ([own] if isinstance(own, int) else []) + seqs
+    p2p = p2p_of(op.name, op.args)
+    if p2p is not None:
+        issue_seg = next((x for x in segs if x.issue), segs[-1])
+        issue_seg.p2p = p2p
+        if p2p[0] == "send" and len(nested) == 1 and not any(x.launches for x in segs):
+            # gloo runs the send inside its issue and records gloo:send at the issue's end,
+            # but the data can leave at once (the receiver had it up to 45 ms before that
+            # record started): the send is the whole op, issued at its start, and the thread
+            # is blocked until it ends, as it is in a receive (docs/kineto.md)
+            c = nested[0]
+            issue_seg.seqs, issue_seg.name = segs[0].seqs, op.name
+            issue_seg.ts = issue_seg.end = op.ts
+            exec_seg = Seg("comm", c.name, op.ts, max(c.end, op.end), "COMM", coll=_coll_name(c.name),
+                           nbytes=_comm_bytes(c.args), numel=_comm_numel(c.args))
+            exec_seg.p2p = p2p
+            return [issue_seg, exec_seg]
+    for c in nested:  # executed on the calling thread, inside the issue: a collective of its own
+        exec_seg = Seg("comm", c.name, c.ts, c.end, "COMM", coll=_coll_name(c.name), nbytes=_comm_bytes(c.args),
+                       numel=_comm_numel(c.args))
+        exec_seg.p2p = p2p
+        segs.append(exec_seg)  # cpu_segments moves it to the collectives
     return segs
 
 
@@ -367,7 +417,7 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
                 if x.name.startswith("gloo:"):
                     comm.append(
                         Seg("comm", x.name, x.ts, x.end, "COMM", coll=_coll_name(x.name), nbytes=_comm_bytes(x.args),
-                            numel=_comm_numel(x.args))
+                            numel=_comm_numel(x.args), thread=tid)
                     )
                     return
                 for c in x.children:
@@ -378,7 +428,10 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
                     visit(c, ctx, dev)
                 return
             layer = next((c[len(LAYER_PREFIX):] for c in reversed(ctx) if c.startswith(LAYER_PREFIX)), None)
-            segs.extend(_cut(x, dev, _op_cat(x.name, _context_cat(ctx)), layer))
+            for sg in _cut(x, dev, _op_cat(x.name, _context_cat(ctx)), layer):
+                if sg.dev == "comm":
+                    sg.thread = tid
+                (comm if sg.dev == "comm" else segs).append(sg)
 
         dev = thread_names.setdefault(tid, "cpu:main" if tid == main_tid else f"cpu:t{len(thread_names)}")
         for r in roots:
