@@ -266,3 +266,27 @@ def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
     it = [p.iteration_us for p in res.points]
     assert it[0] == pytest.approx(job.replay().predicted_iteration_us, rel=0.02)
     assert it[0] < it[1] < it[2]
+
+
+def test_allreduce_synthesized_for_a_one_rank_profile():
+    """No collective in the profile: one fused all-reduce per gradient producer, after it,
+    before the first optimizer op; hand-computed: p1 0-10, p2 10-30, ar1 10-40, ar2 40-70
+    (one queue, FIFO), u1 70-75, u2 75-80."""
+    from dpro.whatif.scaleout import synthesize_allreduce
+
+    g = WhatIfGraph()
+    p1, p2 = _op(g, "w0/p1", 10, cat="BW"), _op(g, "w0/p2", 20, cat="BW")
+    u1, u2 = _op(g, "w0/u1", 5, cat="UPDATE"), _op(g, "w0/u2", 5, cat="UPDATE")
+    for a, b in ((p1, p2), (p2, u1), (u1, u2)):
+        g.connect(a, b)
+    n = synthesize_allreduce(g, [("a.w", 100, "w0/p1"), ("a.b", 50, "w0/p1"), ("b.w", 200, "w0/p2"),
+                                 ("gone", 8, "w0/missing")], "w0")
+    assert n == 2
+    ars = sorted(g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"), key=lambda o: o.prio + o.id)
+    assert [a.bytes for a in ars] == [150, 200]
+    assert all(a.comm_device and a.device == "w0/comm:allreduce" for a in ars)
+    assert [s.name for s in g.succs(ars[0])] == ["w0/u1"]  # u2 waits through u1
+    for a in ars:
+        a.dur = 30.0
+    r = g.simulate()
+    assert (r.start_us(ars[0]), r.start_us(ars[1]), r.start_us(u1), r.iteration_us) == (10, 40, 70, 80)

@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 TRAIN = ROOT / "examples" / "pytorch" / "train_ddp.py"
+HVD_TRAIN = ROOT / "examples" / "pytorch" / "hvd_recorder.py"
+HVD_NETNS = ROOT / "benchmarks" / "fidelity" / "hvd_netns.py"
 
 
 def _fidelity():
@@ -61,15 +63,46 @@ def launch(n: int, port: int, args: list[str], cap_mbit: float | None, fid, log_
         raise RuntimeError(f"{n} ranks, cap {cap_mbit}: {err}")
 
 
+def hvd_launch(n: int, args: list[str], cap_mbit: float | None, fid, log_dir: Path, profile_dir: Path | None = None,
+               warmup: int = 0, active: int = 0, timeout: float = 900) -> None:
+    """Run n ranks of hvd_recorder.py (Horovod, gloo): ``horovodrun`` over loopback, or
+    (``cap_mbit``) one namespace per rank (benchmarks/fidelity/hvd_netns.py; root). With
+    ``profile_dir`` the job runs under ``dpro profile`` (the recorder's trace), else with the
+    recorder off (``DPRO_DISABLE=1``), timed by the script itself."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["PYTHONPATH"] = str(ROOT)  # the ranks import this checkout's dpro (the recorder)
+
+    def job(existing: bool) -> list[str]:
+        ranks = [PY, str(HVD_TRAIN), *args]
+        cmd = ([PY, str(HVD_NETNS), "--np", str(n), "--existing", "--", *ranks] if existing else
+               [str(Path(PY).parent / "horovodrun"), "-np", str(n), "--gloo", "-H", f"localhost:{n}", *ranks])
+        if profile_dir is None:
+            return ["env", "DPRO_DISABLE=1", *cmd]
+        return [PY, "-m", "dpro.cli", "profile", "-o", str(profile_dir), "--force", "--warmup", str(warmup),
+                "--steps", str(active), "--", *cmd]
+
+    if cap_mbit is None:
+        err = fid.run_processes([job(False)], log_dir, timeout, lambda _: None)
+    else:
+        with fid.NetnsCluster(n, rate_mbit=cap_mbit):
+            err = fid.run_processes([job(True)], log_dir, timeout, lambda _: None)
+    if err:
+        raise RuntimeError(f"horovod {n} ranks, cap {cap_mbit}: {err}")
+
+
 def measure(n: int, model: str, out: Path, port: int, steps: int, warmup: int, fid, reuse: bool,
-            cap_mbit: float | None = None) -> dict:
+            cap_mbit: float | None = None, framework: str = "ddp") -> dict:
     """Unprofiled run of n ranks: its steps (mean over ranks, µs), foreign CPU % and load."""
     out.mkdir(parents=True, exist_ok=True)
     if reuse and (out / "meta.json").exists():
         return json.loads((out / "meta.json").read_text())
     meter = fid.CpuMeter()
-    launch(n, port, ["--model", model, "--steps", str(steps), "--warmup", str(warmup),
-                     "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
+    if framework == "horovod":
+        hvd_launch(n, ["--model", model, "--steps", str(steps), "--timing-skip", str(warmup),
+                       "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
+    else:
+        launch(n, port, ["--model", model, "--steps", str(steps), "--warmup", str(warmup),
+                         "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
     per_rank = [json.loads((out / f"t{r}.json").read_text())["step_us"] for r in range(n)]
     res = {"steps_us": [sum(v) / len(v) for v in zip(*per_rank)], "foreign_cpu_pct": meter.foreign_pct() or 0.0,
            "load_avg_1m": os.getloadavg()[0]}
@@ -97,20 +130,28 @@ def dpro(*args: str) -> dict:
 
 
 def profile(p: int, o, port: int, fid, tdir: Path, cap_mbit: float | None) -> None:
-    if not (o.reuse and tdir.exists()):
+    if o.reuse and tdir.exists():
+        return
+    if o.framework == "horovod":
+        hvd_launch(p, ["--model", o.model, "--steps", str(o.warmup + 6)], cap_mbit, fid,
+                   tdir.parent / f"{tdir.name}_logs", profile_dir=tdir, warmup=o.warmup, active=5)
+    else:
         launch(p, port, ["--model", o.model, "--steps", str(o.warmup + 6), "--warmup", str(o.warmup),
                          "--profile-dir", str(tdir), "--active", "5"], cap_mbit, fid, tdir.parent / f"{tdir.name}_logs")
 
 
 def row(o, network: str, p: int, n: int, pt: dict, pred: dict, truth: dict) -> dict:
     m = truth["measured_us"]
-    return {"model": o.model, "network": network, "profiled_workers": p, "workers": n,
+    return {"framework": o.framework, "model": o.model, "network": network, "profiled_workers": p, "workers": n,
             "predicted_us": pt["iteration_us"], **truth, "error_pct": 100 * (pt["iteration_us"] - m) / m,
             "transfer": pred["transfer"], "profile_measured_us": pred["measured_iteration_us"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--framework", choices=["ddp", "horovod"], default="ddp",
+                    help="ddp: train_ddp.py under torchrun; horovod: hvd_recorder.py under horovodrun "
+                         "(profiled by dpro profile, measured with the recorder off)")
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--profiles", default="1,2", help="profile sizes (workers); empty: none")
     ap.add_argument("--targets", default="2,3,4")
@@ -146,7 +187,7 @@ def main() -> None:
             for n in targets:
                 port += 1
                 runs[n].append(measure(n, o.model, sub / f"truth{n}_{k}", port, o.steps, o.warmup, fid, o.reuse,
-                                       o.cap_mbit))
+                                       o.cap_mbit, o.framework))
 
         truths(0)  # before and after the profiles: slow drifts of the machine hit both sides
         preds = []
@@ -169,13 +210,13 @@ def main() -> None:
         for t in [float(x) for x in tgts.split(",")]:
             port += 1
             tr = combine([measure(2, o.model, o.out / f"bw_truth{t:g}_{k}", port + k * 50, o.steps, o.warmup, fid,
-                                  o.reuse, t) for k in range(2)])
+                                  o.reuse, t, o.framework) for k in range(2)])
             pred = dpro("whatif", str(tdir), "--workers", "2", "--bandwidth", f"{t:g}Mbit",
                         "--profiled-bandwidth", f"{prof}Mbit", "--json", *common)
             rows.append(row(o, f"{prof}->{t:g} Mbit/s", 2, 2, pred["scaling"][0], pred, tr))
     print(f"{'case':36} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'foreign %':>9} {'profile ms':>10}")
     for r in rows:
-        case = f"{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
+        case = f"{'hvd ' if r['framework'] == 'horovod' else ''}{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
         print(f"{case:36} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
               f"{r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f} {r['profile_measured_us'] / 1e3:10.2f}")
     errs = sorted(abs(r["error_pct"]) for r in rows)

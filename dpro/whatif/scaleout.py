@@ -168,6 +168,32 @@ def _workers(job: Job) -> list[WhatIfGraph]:
     return out
 
 
+def synthesize_allreduce(g: WhatIfGraph, tensors: list[tuple[str, int, str]], node: str) -> int:
+    """Daydream's "distributed training from a single-worker profile" for a profile with no
+    collective (Horovod at one rank skips its all-reduces): ``tensors`` are the gradients
+    ``(name, bytes, producer op name in g)``; the gradients of one producer are ready in the
+    same Horovod cycle and go as one fused all-reduce, inserted after the producer on the
+    node's communication queue; the optimizer (the UPDATE ops with no UPDATE predecessor)
+    waits for every one (``hvd.DistributedOptimizer.step`` synchronizes first). Their
+    ``dur`` is set by the scale-out model. Returns the number of all-reduces inserted."""
+    by_name = {op.name: op for op in g.ops.values()}
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for name, nbytes, producer in tensors:
+        if producer in by_name and nbytes > 0:
+            groups.setdefault(producer, []).append((name, nbytes))
+    if not groups:
+        return 0
+    updates = [op.id for op in g.ops.values() if op.cat == "UPDATE" and op.node == node
+               and not any(g.ops[q].cat == "UPDATE" for q in g.pred[op.id])]
+    for producer, ts in groups.items():
+        src = by_name[producer]
+        g.insert([src.id], Op(name=f"{node}/allreduce:{'+'.join(t for t, _ in ts)}", cat="COMM",
+                              device=f"{node}/comm:allreduce", node=node, comm_device=True, dur=0.0,
+                              bytes=sum(b for _, b in ts), prio=src.prio,
+                              attrs={"sub_op": "ALLREDUCE", "synthesized": True}), updates)
+    return len(groups)
+
+
 def _simulate_point(g: WhatIfGraph, n: int, servers: int | None) -> Point:
     from dpro.replayer.breakdown import breakdown
 
@@ -198,6 +224,14 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if kind == "ps" and "async" in kvstore and not c0.asynchronous:
         res.notes.append(f"profiled with {kvstore}: --async predicts its throughput")
     reps = _workers(job)
+    if kind == "allreduce" and not any(g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE") for g in reps):
+        for g, (name, nt) in zip(reps, sorted(((nt.info.rank, n), nt) for n, nt in job.trace.nodes.items()
+                                              if nt.info.role == "worker")):
+            k = synthesize_allreduce(g, [(t.name, t.bytes, f"{name[1]}/{t.producer}") for t in nt.tensors
+                                         if t.producer], name[1])
+        if k:
+            res.notes.append(f"the profile has no collective (one rank): {k} gradient all-reduces inserted "
+                             "after the ops producing the gradients, before the optimizer")
     for fn, params in whatifs:
         for g in reps:
             fn(g, **params)
