@@ -290,3 +290,37 @@ def test_allreduce_synthesized_for_a_one_rank_profile():
         a.dur = 30.0
     r = g.simulate()
     assert (r.start_us(ars[0]), r.start_us(ars[1]), r.start_us(u1), r.iteration_us) == (10, 40, 70, 80)
+
+
+@pytest.mark.parametrize("n, cpu, expected", [(2, None, 160.0), (2, Transfer(0.0, 0.1), 200.0),
+                                              (4, Transfer(0.0, 0.1), 440.0)])
+def test_collective_cpu_counts_as_demand(n, cpu, expected):
+    """a (100 µs) then, side by side, b (60 µs compute) and an all-reduce of 400 bytes
+    (link time 50 µs); its CPU per rank 2(N-1)*0.1*400/N: 40 µs at N=2, 60 µs at N=4.
+    Alone: 160 µs (no CPU cost given: 2 workers fit 2 cores). N=2 on 2 cores needs
+    2*(160+40)/2 = 200 µs: T(f) = 100f + max(60f, max(50, 40f)) = 160f -> f = 1.25, 200 µs.
+    N=4 needs 4*(160+60)/2 = 440 µs: T(f) = 100f + max(60f, max(50, 60f)) = 160f -> f = 2.75
+    (beyond N/C = 2: the threads overlap), 440 µs."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point
+
+    g = WhatIfGraph()
+    a = _op(g, "a", 100.0)
+    _op(g, "b", 60.0)
+    g.connect(a, g.op("b"))
+    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                     attrs={"sub_op": "ALLREDUCE"}))
+    p = _oversubscribed(g, Cluster(n, host_cores=2, comm_cpu=cpu), lambda h: _simulate_point(h, n, None))
+    assert p.iteration_us == pytest.approx(expected, rel=1e-4)
+
+
+def test_bandwidth_is_the_line_rate():
+    """--bandwidth counts frames: 1514 bytes on the wire carry 1448 bytes of TCP payload."""
+    from dpro.whatif.platform import Platform
+    from dpro.whatif.scaleout import Cluster, _transfer
+
+    plat = Platform("gloo", 2, Transfer(10.0, 0.0001), source="p.json")
+    t, _ = _transfer(None, Cluster(2, bandwidth=1.0), plat, "allreduce")
+    assert (t.alpha, t.beta) == (10.0, pytest.approx(1514 / 1448))
+    plat = Platform("gloo", 2, Transfer(10.0, 2.0), source="p.json")  # profiled at 1 B/µs, predicted at 2
+    t, _ = _transfer(None, Cluster(2, bandwidth=2.0, profiled_bandwidth=1.0), plat, "allreduce")
+    assert t.beta == pytest.approx(2.0 - 1514 / 1448 + 1514 / 1448 / 2)

@@ -133,11 +133,11 @@ def profile(p: int, o, port: int, fid, tdir: Path, cap_mbit: float | None) -> No
     if o.reuse and tdir.exists():
         return
     if o.framework == "horovod":
-        hvd_launch(p, ["--model", o.model, "--steps", str(o.warmup + 6)], cap_mbit, fid,
-                   tdir.parent / f"{tdir.name}_logs", profile_dir=tdir, warmup=o.warmup, active=5)
+        hvd_launch(p, ["--model", o.model, "--steps", str(o.warmup + o.active + 1)], cap_mbit, fid,
+                   tdir.parent / f"{tdir.name}_logs", profile_dir=tdir, warmup=o.warmup, active=o.active)
     else:
-        launch(p, port, ["--model", o.model, "--steps", str(o.warmup + 6), "--warmup", str(o.warmup),
-                         "--profile-dir", str(tdir), "--active", "5"], cap_mbit, fid, tdir.parent / f"{tdir.name}_logs")
+        launch(p, port, ["--model", o.model, "--steps", str(o.warmup + o.active + 1), "--warmup", str(o.warmup),
+                         "--profile-dir", str(tdir), "--active", str(o.active)], cap_mbit, fid, tdir.parent / f"{tdir.name}_logs")
 
 
 def row(o, network: str, p: int, n: int, pt: dict, pred: dict, truth: dict) -> dict:
@@ -161,6 +161,7 @@ def main() -> None:
                     help="also profile 2 workers capped at PROF Mbit/s and predict 2 workers at T1, T2 Mbit/s")
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--active", type=int, default=10, help="profiled steps (a profile of a few steps is noisy here)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
     ap.add_argument("--port", type=int, default=29900)
     ap.add_argument("--reuse", action="store_true", help="keep the measurements and profiles already in OUT")
@@ -176,6 +177,8 @@ def main() -> None:
     net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
     common = ["--host-cores", str(o.host_cores)]
+    if "cpu_alpha_us" in json.loads(plat.read_text()).get("allreduce", {}):
+        common += ["--cpu-cost", str(plat)]  # the collectives' CPU, measured by dpro calibrate
     rows = []
     profiles = [int(x) for x in o.profiles.split(",") if x.strip()]
     if profiles:

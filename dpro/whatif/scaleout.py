@@ -26,7 +26,7 @@ import heapq
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (elements)
 DEFAULT_BOUND = 1_000_000
+#: payload bytes per byte on the link: ``--bandwidth`` is the line rate (what ``tc`` and an
+#: Ethernet port count: every frame's headers); TCP over the usual 1500-byte MTU carries
+#: 1448 payload bytes (timestamps on) in each 1514-byte frame
+TCP_PAYLOAD_SHARE = 1448 / 1514
 #: ps-lite/ZMQ control window (bytes) of the multiplexing model: first pieces of this size
 #: of every queued message go out before the rest (the simulator's stream window)
 DEFAULT_WINDOW = 64 << 10
@@ -68,6 +72,8 @@ class Cluster:
     host_cores: int | None = None
     #: bytes per µs of the links the profile ran on, if known (refines ``bandwidth``)
     profiled_bandwidth: float | None = None
+    #: CPU time per rank of an all-reduce (``dpro calibrate``), for ``host_cores``
+    comm_cpu: Transfer | None = None
 
 
 @dataclass
@@ -130,12 +136,12 @@ def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str) 
         if lc is not None:
             t, src = Transfer(lc.alpha, lc.beta), "fitted on the trace"
     if cluster.bandwidth is not None:
-        wire = 1.0 / cluster.bandwidth
+        wire = 1.0 / (cluster.bandwidth * TCP_PAYLOAD_SHARE)
         if t is None:
             t, src = Transfer(0.0, wire), "bandwidth given"
         elif cluster.profiled_bandwidth is not None:
             # the fitted beta is the profiled wire plus the library's own per-byte work: swap the wire
-            t = Transfer(t.alpha, max(0.0, t.beta - 1.0 / cluster.profiled_bandwidth) + wire)
+            t = Transfer(t.alpha, max(0.0, t.beta - 1.0 / (cluster.profiled_bandwidth * TCP_PAYLOAD_SHARE)) + wire)
             src += " (wire swapped for the bandwidth given)"
         else:
             # the wire and the library's per-byte work pipeline: the slower one sets the pace
@@ -218,6 +224,9 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if kind == "allreduce" and (c0.servers or c0.asynchronous):
         raise DproInputError(job.path, "--servers/--async need a parameter-server profile; this one all-reduces")
     transfer, src = _transfer(job, c0, platform, kind)
+    if platform is not None and platform.allreduce_cpu is not None:
+        cluster_points = [c if c.comm_cpu is not None else replace(c, comm_cpu=platform.allreduce_cpu)
+                          for c in cluster_points]
     measured = job.replay().measured_iteration_us
     res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
     kvstore = str((job.trace.manifest.meta or {}).get("kvstore") or "")
@@ -251,28 +260,40 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
 def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point]) -> Point:
     """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
 
-    Each worker needs ``busy`` µs of CPU a step (its computation ops); N of them fit on C
-    cores only if the step lasts at least ``N*busy/C``. Processor sharing slows every
-    computation op by the least factor ``f`` in ``[1, N/C]`` with ``T(f) >= N*busy/C``
-    (bisection: the step ``T`` grows with ``f``). A CPU-bound job slows by N/C; one whose
-    workers wait on the network lends those waits to the others (workers not in lockstep)."""
+    Each worker needs ``busy`` µs of CPU a step: its computation ops, plus, with
+    ``c.comm_cpu`` (``dpro calibrate``'s CPU time of a collective), the CPU its collectives
+    take (the library's reductions and copies, the kernel's socket work:
+    ``allreduce_us(bytes, N, comm_cpu)`` each). N of them fit on C cores only if the step
+    lasts at least ``N*busy/C``. Processor sharing slows every computation op by the least
+    factor ``f >= 1`` with ``T(f) >= N*busy/C``, and a collective takes the longer of its
+    link time and its CPU time ``* f`` (bisection: the step ``T`` grows with ``f``). A
+    CPU-bound job slows by N/C; one whose workers wait on the network lends those waits to
+    the others (workers not in lockstep). Without ``comm_cpu`` nothing changes up to C
+    workers; with it, C workers whose collectives overlap their computation may already
+    contend."""
     n, cores = c.workers, c.host_cores
-    if not cores or n <= cores:
+    if not cores or (n <= cores and c.comm_cpu is None):
         return point(g.copy())
     from dpro.whatif.builtin import compute_speed
 
+    comm_cpu = {} if c.comm_cpu is None else {
+        op.id: allreduce_us(op.bytes, n, c.comm_cpu) for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"}
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
-    need = n * busy / cores
+    need = n * (busy + sum(comm_cpu.values())) / cores
 
     def at(f: float) -> Point:
         h = g.copy()
         compute_speed(h, factor=1.0 / f)
+        for i, cpu_us in comm_cpu.items():
+            h.ops[i].dur = max(h.ops[i].dur, cpu_us * f)
         return point(h)
 
-    lo, hi = 1.0, n / cores
-    first = at(lo)
+    first = at(1.0)
     if first.iteration_us >= need:
         return first
+    lo, hi = 1.0, max(1.0, n / cores)
+    while at(hi).iteration_us < need and hi < 1e3:  # overlapping threads: beyond N/C
+        lo, hi = hi, hi * 2
     for _ in range(20):
         mid = (lo + hi) / 2
         if at(mid).iteration_us >= need:
