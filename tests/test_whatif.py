@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,24 @@ def test_bandwidth_is_the_line_rate():
     plat = Platform("gloo", 2, Transfer(10.0, 2.0), source="p.json")  # profiled at 1 B/µs, predicted at 2
     t, _ = _transfer(None, Cluster(2, bandwidth=2.0, profiled_bandwidth=1.0), plat, "allreduce")
     assert t.beta == pytest.approx(2.0 - 1514 / 1448 + 1514 / 1448 / 2)
+
+
+def test_saturated_profile_is_deflated():
+    """The graph of test_collective_cpu_counts_as_demand profiled at 2 workers on 2 cores:
+    T = 160, busy = 160, CPU of the all-reduce at 2 ranks 40: 2*(160/f + 40) = 2*160 ->
+    f = 4/3; every op / f; scaled back out to 2 workers it gives the profile's 160 µs again."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, deflate_contended
+
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
+    g.connect(a, b)
+    ar = g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                          attrs={"sub_op": "ALLREDUCE"}))
+    c = Cluster(2, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
+    assert deflate_contended(g.copy(), replace(c, comm_cpu=None), 2) == 1.0
+    assert deflate_contended(g.copy(), replace(c, host_cores=4), 2) == 1.0  # 4 cores: room to spare
+    f = deflate_contended(g, c, 2)
+    assert f == pytest.approx(4 / 3)
+    assert (a.dur, b.dur, ar.dur) == (pytest.approx(75.0), pytest.approx(45.0), pytest.approx(37.5))
+    p = _oversubscribed(g, c, lambda h: _simulate_point(h, 2, None))
+    assert p.iteration_us == pytest.approx(160.0, rel=1e-4)

@@ -241,6 +241,16 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
         if k:
             res.notes.append(f"the profile has no collective (one rank): {k} gradient all-reduces inserted "
                              "after the ops producing the gradients, before the optimizer")
+    per_rep = [transfer] * len(reps)
+    if kind == "allreduce" and not c0.asynchronous:
+        c_ = cluster_points[0]
+        for i, g in enumerate(reps):
+            f = deflate_contended(g, c_, len(reps))
+            if f > 1.0:
+                res.notes.append(f"the profile's workers saturated the {c_.host_cores} cores: "
+                                 f"its times / {f:.3f} before scaling out")
+                if src == "fitted on the trace":  # the collectives were measured as slowly
+                    per_rep[i] = Transfer(transfer.alpha / f, transfer.beta / f)
     for fn, params in whatifs:
         for g in reps:
             fn(g, **params)
@@ -252,7 +262,7 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
             res.points.append(_async_point(job, reps[0], c, transfer))
             continue
         one = _allreduce_point if kind == "allreduce" else (lambda g, c, t: _ps_point(job, g, c, t))
-        res.points.append(max((one(g.copy(), c, transfer) for g in reps), key=lambda p: p.iteration_us))
+        res.points.append(max((one(g.copy(), c, t) for g, t in zip(reps, per_rep)), key=lambda p: p.iteration_us))
     return res
 
 
@@ -301,6 +311,29 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
         else:
             lo = mid
     return at(hi)
+
+
+def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
+    """A profile of ``profiled`` workers on the same ``c.host_cores`` cores that saturated
+    them ran every op ``f`` times slower than alone: its step ``T`` is then the CPU its
+    workers needed, ``profiled * (busy/f + cpu) = cores * T`` (``busy``: the computation
+    ops' measured time, ``cpu``: the collectives' CPU per ``c.comm_cpu`` at ``profiled``
+    ranks). Divides every op's time of ``g`` by ``f`` and returns it (1: not saturated,
+    or no ``host_cores``/``comm_cpu`` to tell)."""
+    if not c.host_cores or c.comm_cpu is None:
+        return 1.0
+    t = g.simulate().iteration_us
+    busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
+    cpu = sum(allreduce_us(op.bytes, profiled, c.comm_cpu) for op in g.ops.values()
+              if op.attrs.get("sub_op") == "ALLREDUCE")
+    room = c.host_cores * t / profiled - cpu
+    if room <= 0 or busy <= room:
+        return 1.0
+    f = busy / room
+    for op in g.ops.values():
+        op.dur /= f
+        op.gap /= f
+    return f
 
 
 def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
