@@ -164,6 +164,8 @@ def main() -> None:
                     help="also profile 2 workers capped at PROF Mbit/s and predict 2 workers at T1, T2 Mbit/s")
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--truth-runs", type=int, default=2,
+                    help="unprofiled runs of every target, half before and half after the profiles")
     ap.add_argument("--active", type=int, default=10, help="profiled steps (a profile of a few steps is noisy here)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
     ap.add_argument("--port", type=int, default=29900)
@@ -195,7 +197,8 @@ def main() -> None:
                 runs[n].append(measure(n, o.model, sub / f"truth{n}_{k}", port, o.steps, o.warmup, fid, o.reuse,
                                        o.cap_mbit, o.framework))
 
-        truths(0)  # before and after the profiles: slow drifts of the machine hit both sides
+        for k in range(o.truth_runs // 2):  # before and after the profiles: slow drifts hit both sides
+            truths(k)
         preds = []
         for p in profiles:
             port += 1
@@ -205,7 +208,8 @@ def main() -> None:
             if p == 1 and o.cap_mbit is not None:
                 extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
             preds.append((p, dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common)))
-        truths(1)
+        for k in range(o.truth_runs // 2, o.truth_runs):
+            truths(k)
         for p, pred in preds:
             rows += [row(o, net, p, pt["workers"], pt, pred, combine(runs[pt["workers"]])) for pt in pred["scaling"]]
     if o.bandwidth_case:
