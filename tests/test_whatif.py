@@ -346,3 +346,39 @@ def test_saturated_profile_is_deflated():
     assert (a.dur, b.dur, ar.dur) == (pytest.approx(75.0), pytest.approx(45.0), pytest.approx(37.5))
     p = _oversubscribed(g, c, lambda h: _simulate_point(h, 2, None))
     assert p.iteration_us == pytest.approx(160.0, rel=1e-4)
+
+
+def test_calibrate_measures_time_and_cpu(tmp_path):
+    """Two real gloo processes: every size has a wall and a CPU time, both fitted; the
+    platform file reads back with the collectives' CPU cost."""
+    import json
+
+    from dpro.whatif.calibrate import calibrate
+    from dpro.whatif.platform import load_platform
+
+    d = calibrate(2, "gloo", sizes=[4096, 1 << 20], repeats=3)
+    assert [r["bytes"] for r in d["samples"]] == [4096, 1 << 20]
+    assert all(r["us"] > 0 and r["cpu_us"] >= 0 for r in d["samples"])
+    ar = d["allreduce"]
+    assert ar["cpu_alpha_us"] >= 0 and ar["cpu_beta_us_per_byte"] >= 0
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    p = load_platform(tmp_path / "p.json")
+    assert p.allreduce_cpu == Transfer(ar["cpu_alpha_us"], ar["cpu_beta_us_per_byte"])
+
+
+def test_cli_cpu_cost(tmp_path):
+    """--cpu-cost: a platform file with the collectives' CPU slows 4 workers on 2 cores
+    more than without it; one without it is one line, exit 2."""
+    import json
+
+    plain = tmp_path / "plain.json"
+    plain.write_text('{"alpha_us": 10, "beta_us_per_byte": 0.001}')
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"format": "dpro-platform", "version": 1, "allreduce": {
+        "alpha_us": 10, "beta_us_per_byte": 0.001, "cpu_alpha_us": 10, "cpu_beta_us_per_byte": 0.001}}))
+    base = ["whatif", str(EXAMPLE), "--workers", "4", "--host-cores", "2", "--json"]
+    r0, r1 = _cli(*base), _cli(*base, "--cpu-cost", str(cpu))
+    assert r0.exit_code == 0 and r1.exit_code == 0, r0.output + r1.output
+    assert json.loads(r1.output)["predicted_iteration_us"] > json.loads(r0.output)["predicted_iteration_us"]
+    r = _cli(*base, "--cpu-cost", str(plain))
+    assert r.exit_code == 2 and "no cpu_alpha_us" in r.output and "Traceback" not in r.output
