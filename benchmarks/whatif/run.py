@@ -1,21 +1,25 @@
-"""What-if validation: predicted vs measured step time of real DDP (gloo) jobs at other scales.
+"""What-if validation: predicted vs measured step time of real DDP or Horovod (gloo) jobs at other scales.
 
-For each profile size P (default 1 and 2 workers) the job
-``examples/pytorch/train_ddp.py --model MODEL`` is profiled with torch.profiler at P ranks
-(loopback, torchrun); ``dpro whatif TRACE --workers 2,3,4 --json`` predicts each target
-scale (a 1-worker profile has no collective to fit: it gets ``--platform`` from
-``dpro calibrate``, run once here); then every target is run UNPROFILED and timed by the
-training script itself (``--timing-out``: ``time.perf_counter()`` step to step, mean over
-the ranks, median over the timed steps of two runs, one before and one after the profiles)
--- the harness trusts nothing dpro says
-about the measured side. ``foreign_cpu_pct`` is the CPU time other processes used during
-each measured run (benchmarks/fidelity/run.py's meter): other work on a shared machine.
+For each profile size P (default 1 and 2 workers) the job is profiled at P ranks:
+``examples/pytorch/train_ddp.py --model MODEL`` with torch.profiler (torchrun), or with
+``--framework horovod`` ``examples/pytorch/hvd_recorder.py`` under ``dpro profile`` and
+horovodrun; ``dpro whatif TRACE --workers 2,3,4 --json`` predicts each target scale (a
+1-worker profile has no collective to fit: it gets ``--platform`` from ``dpro calibrate``,
+run once here; every prediction gets ``--host-cores`` and the platform's CPU cost of the
+collectives, ``--cpu-cost``); then every target is run UNPROFILED and timed by the
+training script itself (``--timing-out``: ``time.perf_counter()``, mean over the ranks,
+median over the timed steps of ``--truth-runs`` runs, half before and half after the
+profiles) -- the harness trusts nothing dpro says about the measured side.
+``foreign_cpu_pct`` is the CPU time other processes used during each measured run
+(benchmarks/fidelity/run.py's meter): other work on a shared machine. The jobs run
+boosted (boost.py: their autogroups before other sessions').
 
 Usage::
 
     python benchmarks/whatif/run.py [--model mlp] [--profiles 1,2] [--targets 2,3,4] [--out /tmp/dpro-whatif]
     python benchmarks/whatif/run.py --cap-mbit 500                       # in namespaces, capped (root)
     python benchmarks/whatif/run.py --profiles '' --bandwidth-case 1000:200,500
+    python benchmarks/whatif/run.py --framework horovod [--cap-mbit 500]
 """
 
 from __future__ import annotations
