@@ -115,5 +115,5 @@ if __name__ == "__main__":
     from boost import boosted
 
     with boosted() as on:  # the measured jobs before other sessions' work (autogroup nice)
-        print(f"# measured jobs boosted: {'yes' if on else 'no'}", flush=True)
+        print(f"# measured jobs boosted: {'yes' if on else 'no'}", file=sys.stderr, flush=True)
         main()
