@@ -209,7 +209,7 @@ def main() -> None:
             tdir = sub / f"profile{p}"
             profile(p, o, port, fid, tdir, o.cap_mbit)
             extra = ["--platform", str(plat)] if p == 1 else []
-            if o.cap_mbit is not None:  # the known line rate: beta = max(fitted or platform, wire)
+            if p == 1 and o.cap_mbit is not None:
                 extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
             preds.append((p, dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common)))
         for k in range(o.truth_runs // 2, o.truth_runs):
