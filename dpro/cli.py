@@ -542,6 +542,9 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
 @click.option("--steps", "sim_steps", default=1000, show_default=True, help="Steps of the asynchronous simulation.")
 @click.option("--host-cores", type=int, default=None, metavar="C",
               help="All workers share C cores of one host (local runs): compute slows by workers/C beyond C.")
+@click.option("--cpu-cost", "cpu_file", type=click.Path(path_type=Path), default=None,
+              help="Platform file (dpro calibrate) whose all-reduce CPU time per rank counts as CPU demand "
+                   "with --host-cores (default: --platform's, if it has one).")
 @click.option("--apply", "apply_specs", multiple=True, metavar="NAME[:k=v,..]",
               help="Apply a what-if to the job's graph and replay it (repeatable; see --list).")
 @click.option("--load-whatif", "modules", multiple=True, metavar="MODULE",
@@ -554,7 +557,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
                profiled_bandwidth: str | None, latency: str | None,
                platform_file: Path | None, algorithm: str, asynchronous: bool, sim_steps: int,
                host_cores: int | None, apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool,
-               as_json: bool, no_align: bool, rank_pattern: str) -> None:
+               as_json: bool, no_align: bool, rank_pattern: str, cpu_file: Path | None = None) -> None:
     """What if the job traced in PATH ran differently (docs/whatif.md)?
 
     \b
@@ -591,6 +594,12 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
     if sim_steps < 1:
         raise DproInputError(None, f"--steps {sim_steps}: must be >= 1")
     plat = load_platform(platform_file) if platform_file is not None else None
+    cpu_cost = None
+    if cpu_file is not None:
+        cpu_cost = load_platform(cpu_file).allreduce_cpu
+        if cpu_cost is None:
+            raise DproInputError(cpu_file, "--cpu-cost: the platform file has no cpu_alpha_us/cpu_beta_us_per_byte "
+                                 "(write it with this version's dpro calibrate)")
     from dpro.job import open_job
 
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
@@ -620,7 +629,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 
     nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
     pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores,
-                   profiled_bandwidth=pbw)
+                   profiled_bandwidth=pbw, comm_cpu=cpu_cost)
            for n in (counts or [nprof])]
     res = predict(job, pts, plat, whatifs=calls)
     if as_json:

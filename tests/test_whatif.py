@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,118 @@ def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
     it = [p.iteration_us for p in res.points]
     assert it[0] == pytest.approx(job.replay().predicted_iteration_us, rel=0.02)
     assert it[0] < it[1] < it[2]
+
+
+def test_allreduce_synthesized_for_a_one_rank_profile():
+    """No collective in the profile: one fused all-reduce per gradient producer, after it,
+    before the first optimizer op; hand-computed: p1 0-10, p2 10-30, ar1 10-40, ar2 40-70
+    (one queue, FIFO), u1 70-75, u2 75-80."""
+    from dpro.whatif.scaleout import synthesize_allreduce
+
+    g = WhatIfGraph()
+    p1, p2 = _op(g, "w0/p1", 10, cat="BW"), _op(g, "w0/p2", 20, cat="BW")
+    u1, u2 = _op(g, "w0/u1", 5, cat="UPDATE"), _op(g, "w0/u2", 5, cat="UPDATE")
+    for a, b in ((p1, p2), (p2, u1), (u1, u2)):
+        g.connect(a, b)
+    n = synthesize_allreduce(g, [("a.w", 100, "w0/p1"), ("a.b", 50, "w0/p1"), ("b.w", 200, "w0/p2"),
+                                 ("gone", 8, "w0/missing")], "w0")
+    assert n == 2
+    ars = sorted(g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"), key=lambda o: o.prio + o.id)
+    assert [a.bytes for a in ars] == [150, 200]
+    assert all(a.comm_device and a.device == "w0/comm:allreduce" for a in ars)
+    assert [s.name for s in g.succs(ars[0])] == ["w0/u1"]  # u2 waits through u1
+    for a in ars:
+        a.dur = 30.0
+    r = g.simulate()
+    assert (r.start_us(ars[0]), r.start_us(ars[1]), r.start_us(u1), r.iteration_us) == (10, 40, 70, 80)
+
+
+@pytest.mark.parametrize("n, cpu, expected", [(2, None, 160.0), (2, Transfer(0.0, 0.1), 200.0),
+                                              (4, Transfer(0.0, 0.1), 440.0)])
+def test_collective_cpu_counts_as_demand(n, cpu, expected):
+    """a (100 µs) then, side by side, b (60 µs compute) and an all-reduce of 400 bytes
+    (link time 50 µs); its CPU per rank 2(N-1)*0.1*400/N: 40 µs at N=2, 60 µs at N=4.
+    Alone: 160 µs (no CPU cost given: 2 workers fit 2 cores). N=2 on 2 cores needs
+    2*(160+40)/2 = 200 µs: T(f) = 100f + max(60f, max(50, 40f)) = 160f -> f = 1.25, 200 µs.
+    N=4 needs 4*(160+60)/2 = 440 µs: T(f) = 100f + max(60f, max(50, 60f)) = 160f -> f = 2.75
+    (beyond N/C = 2: the threads overlap), 440 µs."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point
+
+    g = WhatIfGraph()
+    a = _op(g, "a", 100.0)
+    _op(g, "b", 60.0)
+    g.connect(a, g.op("b"))
+    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                     attrs={"sub_op": "ALLREDUCE"}))
+    p = _oversubscribed(g, Cluster(n, host_cores=2, comm_cpu=cpu), lambda h: _simulate_point(h, n, None))
+    assert p.iteration_us == pytest.approx(expected, rel=1e-4)
+
+
+def test_bandwidth_is_the_line_rate():
+    """--bandwidth counts frames: 1514 bytes on the wire carry 1448 bytes of TCP payload."""
+    from dpro.whatif.platform import Platform
+    from dpro.whatif.scaleout import Cluster, _transfer
+
+    plat = Platform("gloo", 2, Transfer(10.0, 0.0001), source="p.json")
+    t, _ = _transfer(None, Cluster(2, bandwidth=1.0), plat, "allreduce")
+    assert (t.alpha, t.beta) == (10.0, pytest.approx(1514 / 1448))
+    plat = Platform("gloo", 2, Transfer(10.0, 2.0), source="p.json")  # profiled at 1 B/µs, predicted at 2
+    t, _ = _transfer(None, Cluster(2, bandwidth=2.0, profiled_bandwidth=1.0), plat, "allreduce")
+    assert t.beta == pytest.approx(2.0 - 1514 / 1448 + 1514 / 1448 / 2)
+
+
+def test_saturated_profile_is_deflated():
+    """The graph of test_collective_cpu_counts_as_demand profiled at 2 workers on 2 cores:
+    T = 160, busy = 160, CPU of the all-reduce at 2 ranks 40: 2*(160/f + 40) = 2*160 ->
+    f = 4/3; every op / f; scaled back out to 2 workers it gives the profile's 160 µs again."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, deflate_contended
+
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
+    g.connect(a, b)
+    ar = g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                          attrs={"sub_op": "ALLREDUCE"}))
+    c = Cluster(2, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
+    assert deflate_contended(g.copy(), replace(c, comm_cpu=None), 2) == 1.0
+    assert deflate_contended(g.copy(), replace(c, host_cores=4), 2) == 1.0  # 4 cores: room to spare
+    f = deflate_contended(g, c, 2)
+    assert f == pytest.approx(4 / 3)
+    assert (a.dur, b.dur, ar.dur) == (pytest.approx(75.0), pytest.approx(45.0), pytest.approx(37.5))
+    p = _oversubscribed(g, c, lambda h: _simulate_point(h, 2, None))
+    assert p.iteration_us == pytest.approx(160.0, rel=1e-4)
+
+
+def test_calibrate_measures_time_and_cpu(tmp_path):
+    """Two real gloo processes: every size has a wall and a CPU time, both fitted; the
+    platform file reads back with the collectives' CPU cost."""
+    import json
+
+    from dpro.whatif.calibrate import calibrate
+    from dpro.whatif.platform import load_platform
+
+    d = calibrate(2, "gloo", sizes=[4096, 1 << 20], repeats=3)
+    assert [r["bytes"] for r in d["samples"]] == [4096, 1 << 20]
+    assert all(r["us"] > 0 and r["cpu_us"] >= 0 for r in d["samples"])
+    ar = d["allreduce"]
+    assert ar["cpu_alpha_us"] >= 0 and ar["cpu_beta_us_per_byte"] >= 0
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    p = load_platform(tmp_path / "p.json")
+    assert p.allreduce_cpu == Transfer(ar["cpu_alpha_us"], ar["cpu_beta_us_per_byte"])
+
+
+def test_cli_cpu_cost(tmp_path):
+    """--cpu-cost: a platform file with the collectives' CPU slows 4 workers on 2 cores
+    more than without it; one without it is one line, exit 2."""
+    import json
+
+    plain = tmp_path / "plain.json"
+    plain.write_text('{"alpha_us": 10, "beta_us_per_byte": 0.001}')
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"format": "dpro-platform", "version": 1, "allreduce": {
+        "alpha_us": 10, "beta_us_per_byte": 0.001, "cpu_alpha_us": 10, "cpu_beta_us_per_byte": 0.001}}))
+    base = ["whatif", str(EXAMPLE), "--workers", "4", "--host-cores", "2", "--json"]
+    r0, r1 = _cli(*base), _cli(*base, "--cpu-cost", str(cpu))
+    assert r0.exit_code == 0 and r1.exit_code == 0, r0.output + r1.output
+    assert json.loads(r1.output)["predicted_iteration_us"] > json.loads(r0.output)["predicted_iteration_us"]
+    r = _cli(*base, "--cpu-cost", str(plain))
+    assert r.exit_code == 2 and "no cpu_alpha_us" in r.output and "Traceback" not in r.output

@@ -36,6 +36,12 @@ def _load(name: str, path: Path):
     return mod
 
 
+def _steps(timing: Path, skip: int) -> list[float]:
+    """The run's steps after the warm-up, each the mean over the workers (µs)."""
+    per = [json.loads(p.read_text())["step_us"][skip:] for p in sorted(timing.glob("timing_rank*.json"))]
+    return [statistics.mean(v) for v in zip(*per)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
@@ -43,6 +49,7 @@ def main() -> None:
     ap.add_argument("--servers", default="1,2")
     ap.add_argument("--kvstores", default="dist_sync,dist_async")
     ap.add_argument("--cap-mbit", type=float, default=None)
+    ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per cluster (median over all their steps)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-ps"))
     o = ap.parse_args()
     pj = _load("ps_jobs", REPO / "benchmarks" / "fidelity" / "ps_jobs.py")
@@ -65,32 +72,48 @@ def main() -> None:
             pred = json.loads(pj.run([*dpro, *args], env=env).stdout)
             for pt in pred["scaling"]:
                 w = pt["workers"]
-                tdir = d / f"truth_{w}w{s}s"
-                if not (tdir / "load.json").exists():  # measured once; a rerun only predicts again
-                    meter = fid.CpuMeter()
-                    pj.run([*pj.job_cmd(o.model, w, s, tdir, pj.WARMUP + 15, o.cap_mbit), "--kvstore", kv],
-                           env={**env, "DPRO_DISABLE": "1"})
-                    (tdir / "load.json").write_text(json.dumps({"foreign_cpu_pct": meter.foreign_pct(),
-                                                                "load_avg_1m": os.getloadavg()[0]}))
-                meas = pj.measured_us(tdir, pj.WARMUP)
+                steps, loads, per_run = [], [], []
+                for k in range(o.runs):  # each run its own directory; a rerun only predicts again
+                    tdir = d / f"truth_{w}w{s}s" / f"run{k}"
+                    if not (tdir / "load.json").exists():
+                        meter = fid.CpuMeter()
+                        pj.run([*pj.job_cmd(o.model, w, s, tdir, pj.WARMUP + 15, o.cap_mbit), "--kvstore", kv],
+                               env={**env, "DPRO_DISABLE": "1"})
+                        (tdir / "load.json").write_text(json.dumps({"foreign_cpu_pct": meter.foreign_pct(),
+                                                                    "load_avg_1m": os.getloadavg()[0]}))
+                    steps += _steps(tdir, pj.WARMUP)
+                    per_run.append(statistics.median(_steps(tdir, pj.WARMUP)))
+                    loads.append(json.loads((tdir / "load.json").read_text()))
+                meas = statistics.median(steps)
+                q = statistics.quantiles(steps, n=4)
                 rows.append({"kvstore": kv, "workers": w, "servers": s, "predicted_us": pt["iteration_us"],
                              "measured_us": meas, "error_pct": 100 * (pt["iteration_us"] - meas) / meas,
-                             **json.loads((tdir / "load.json").read_text()),
+                             "noise_pct": 100 * (q[2] - q[0]) / meas, "run_medians_us": per_run,
+                             "repeat_pct": 100 * (max(per_run) - min(per_run)) / meas,
+                             "foreign_cpu_pct": statistics.mean(x["foreign_cpu_pct"] or 0 for x in loads),
+                             "load_avg_1m": statistics.mean(x["load_avg_1m"] for x in loads),
+                             "network": "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s",
                              "profile_measured_us": pred["measured_iteration_us"]})
                 print(f"# {kv} {w}w{s}s: predicted {pt['iteration_us'] / 1e3:.2f} ms, measured {meas / 1e3:.2f} ms",
                       flush=True)
-    print(f"{'case':26} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'foreign %':>9}")
+    print(f"{'case':26} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'repeat %':>8} {'foreign %':>9}")
     for r in rows:
         print(f"{o.model + ' ' + r['kvstore'] + ' 1w1s->' + str(r['workers']) + 'w' + str(r['servers']) + 's':26} "
               f"{r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
-              f"{r['foreign_cpu_pct'] or 0:9.0f}")
+              f"{r['noise_pct']:8.1f} {r['repeat_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f}")
     errs = sorted(abs(r["error_pct"]) for r in rows)
     if errs:
         print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "
               f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     o.out.mkdir(parents=True, exist_ok=True)
-    (o.out / "results.json").write_text(json.dumps(rows, indent=1))
+    name = "results" + ("" if o.cap_mbit is None else f"_cap{o.cap_mbit:g}") + ".json"
+    (o.out / name).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from boost import boosted
+
+    with boosted() as on:  # the measured jobs before other sessions' work (autogroup nice)
+        print(f"# measured jobs boosted: {'yes' if on else 'no'}", file=sys.stderr, flush=True)
+        main()

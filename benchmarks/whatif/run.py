@@ -1,21 +1,25 @@
-"""What-if validation: predicted vs measured step time of real DDP (gloo) jobs at other scales.
+"""What-if validation: predicted vs measured step time of real DDP or Horovod (gloo) jobs at other scales.
 
-For each profile size P (default 1 and 2 workers) the job
-``examples/pytorch/train_ddp.py --model MODEL`` is profiled with torch.profiler at P ranks
-(loopback, torchrun); ``dpro whatif TRACE --workers 2,3,4 --json`` predicts each target
-scale (a 1-worker profile has no collective to fit: it gets ``--platform`` from
-``dpro calibrate``, run once here); then every target is run UNPROFILED and timed by the
-training script itself (``--timing-out``: ``time.perf_counter()`` step to step, mean over
-the ranks, median over the timed steps of two runs, one before and one after the profiles)
--- the harness trusts nothing dpro says
-about the measured side. ``foreign_cpu_pct`` is the CPU time other processes used during
-each measured run (benchmarks/fidelity/run.py's meter): other work on a shared machine.
+For each profile size P (default 1 and 2 workers) the job is profiled at P ranks:
+``examples/pytorch/train_ddp.py --model MODEL`` with torch.profiler (torchrun), or with
+``--framework horovod`` ``examples/pytorch/hvd_recorder.py`` under ``dpro profile`` and
+horovodrun; ``dpro whatif TRACE --workers 2,3,4 --json`` predicts each target scale (a
+1-worker profile has no collective to fit: it gets ``--platform`` from ``dpro calibrate``,
+run once here; every prediction gets ``--host-cores`` and the platform's CPU cost of the
+collectives, ``--cpu-cost``); then every target is run UNPROFILED and timed by the
+training script itself (``--timing-out``: ``time.perf_counter()``, mean over the ranks,
+median over the timed steps of ``--truth-runs`` runs, half before and half after the
+profiles) -- the harness trusts nothing dpro says about the measured side.
+``foreign_cpu_pct`` is the CPU time other processes used during each measured run
+(benchmarks/fidelity/run.py's meter): other work on a shared machine. The jobs run
+boosted (boost.py: their autogroups before other sessions').
 
 Usage::
 
     python benchmarks/whatif/run.py [--model mlp] [--profiles 1,2] [--targets 2,3,4] [--out /tmp/dpro-whatif]
     python benchmarks/whatif/run.py --cap-mbit 500                       # in namespaces, capped (root)
     python benchmarks/whatif/run.py --profiles '' --bandwidth-case 1000:200,500
+    python benchmarks/whatif/run.py --framework horovod [--cap-mbit 500]
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 TRAIN = ROOT / "examples" / "pytorch" / "train_ddp.py"
+HVD_TRAIN = ROOT / "examples" / "pytorch" / "hvd_recorder.py"
+HVD_NETNS = ROOT / "benchmarks" / "fidelity" / "hvd_netns.py"
 
 
 def _fidelity():
@@ -61,15 +67,46 @@ def launch(n: int, port: int, args: list[str], cap_mbit: float | None, fid, log_
         raise RuntimeError(f"{n} ranks, cap {cap_mbit}: {err}")
 
 
+def hvd_launch(n: int, args: list[str], cap_mbit: float | None, fid, log_dir: Path, profile_dir: Path | None = None,
+               warmup: int = 0, active: int = 0, timeout: float = 900) -> None:
+    """Run n ranks of hvd_recorder.py (Horovod, gloo): ``horovodrun`` over loopback, or
+    (``cap_mbit``) one namespace per rank (benchmarks/fidelity/hvd_netns.py; root). With
+    ``profile_dir`` the job runs under ``dpro profile`` (the recorder's trace), else with the
+    recorder off (``DPRO_DISABLE=1``), timed by the script itself."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["PYTHONPATH"] = str(ROOT)  # the ranks import this checkout's dpro (the recorder)
+
+    def job(existing: bool) -> list[str]:
+        ranks = [PY, str(HVD_TRAIN), *args]
+        cmd = ([PY, str(HVD_NETNS), "--np", str(n), "--existing", "--", *ranks] if existing else
+               [str(Path(PY).parent / "horovodrun"), "-np", str(n), "--gloo", "-H", f"localhost:{n}", *ranks])
+        if profile_dir is None:
+            return ["env", "DPRO_DISABLE=1", *cmd]
+        return [PY, "-m", "dpro.cli", "profile", "-o", str(profile_dir), "--force", "--warmup", str(warmup),
+                "--steps", str(active), "--", *cmd]
+
+    if cap_mbit is None:
+        err = fid.run_processes([job(False)], log_dir, timeout, lambda _: None)
+    else:
+        with fid.NetnsCluster(n, rate_mbit=cap_mbit):
+            err = fid.run_processes([job(True)], log_dir, timeout, lambda _: None)
+    if err:
+        raise RuntimeError(f"horovod {n} ranks, cap {cap_mbit}: {err}")
+
+
 def measure(n: int, model: str, out: Path, port: int, steps: int, warmup: int, fid, reuse: bool,
-            cap_mbit: float | None = None) -> dict:
+            cap_mbit: float | None = None, framework: str = "ddp") -> dict:
     """Unprofiled run of n ranks: its steps (mean over ranks, µs), foreign CPU % and load."""
     out.mkdir(parents=True, exist_ok=True)
     if reuse and (out / "meta.json").exists():
         return json.loads((out / "meta.json").read_text())
     meter = fid.CpuMeter()
-    launch(n, port, ["--model", model, "--steps", str(steps), "--warmup", str(warmup),
-                     "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
+    if framework == "horovod":
+        hvd_launch(n, ["--model", model, "--steps", str(steps), "--timing-skip", str(warmup),
+                       "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
+    else:
+        launch(n, port, ["--model", model, "--steps", str(steps), "--warmup", str(warmup),
+                         "--timing-out", str(out / "t{rank}.json")], cap_mbit, fid, out / "logs")
     per_rank = [json.loads((out / f"t{r}.json").read_text())["step_us"] for r in range(n)]
     res = {"steps_us": [sum(v) / len(v) for v in zip(*per_rank)], "foreign_cpu_pct": meter.foreign_pct() or 0.0,
            "load_avg_1m": os.getloadavg()[0]}
@@ -79,11 +116,14 @@ def measure(n: int, model: str, out: Path, port: int, steps: int, warmup: int, f
 
 def combine(runs: list[dict]) -> dict:
     """Ground truth over several runs: the median step (each step the mean over the ranks),
-    its inter-quartile range in % (noise), the runs' mean foreign CPU % and load."""
+    its inter-quartile range in % (noise), the spread of the runs' own medians in %
+    (repeat), the runs' mean foreign CPU % and load."""
     steps = [x for r in runs for x in r["steps_us"]]
     q = statistics.quantiles(steps, n=4)
     med = statistics.median(steps)
-    return {"measured_us": med, "noise_pct": 100 * (q[2] - q[0]) / med,
+    per_run = [statistics.median(r["steps_us"]) for r in runs]
+    return {"measured_us": med, "noise_pct": 100 * (q[2] - q[0]) / med, "run_medians_us": per_run,
+            "repeat_pct": 100 * (max(per_run) - min(per_run)) / med,
             "foreign_cpu_pct": statistics.mean(r["foreign_cpu_pct"] for r in runs),
             "load_avg_1m": statistics.mean(r["load_avg_1m"] for r in runs)}
 
@@ -97,20 +137,28 @@ def dpro(*args: str) -> dict:
 
 
 def profile(p: int, o, port: int, fid, tdir: Path, cap_mbit: float | None) -> None:
-    if not (o.reuse and tdir.exists()):
-        launch(p, port, ["--model", o.model, "--steps", str(o.warmup + 6), "--warmup", str(o.warmup),
-                         "--profile-dir", str(tdir), "--active", "5"], cap_mbit, fid, tdir.parent / f"{tdir.name}_logs")
+    if o.reuse and tdir.exists():
+        return
+    if o.framework == "horovod":
+        hvd_launch(p, ["--model", o.model, "--steps", str(o.warmup + o.active + 1)], cap_mbit, fid,
+                   tdir.parent / f"{tdir.name}_logs", profile_dir=tdir, warmup=o.warmup, active=o.active)
+    else:
+        launch(p, port, ["--model", o.model, "--steps", str(o.warmup + o.active + 1), "--warmup", str(o.warmup),
+                         "--profile-dir", str(tdir), "--active", str(o.active)], cap_mbit, fid, tdir.parent / f"{tdir.name}_logs")
 
 
 def row(o, network: str, p: int, n: int, pt: dict, pred: dict, truth: dict) -> dict:
     m = truth["measured_us"]
-    return {"model": o.model, "network": network, "profiled_workers": p, "workers": n,
+    return {"framework": o.framework, "model": o.model, "network": network, "profiled_workers": p, "workers": n,
             "predicted_us": pt["iteration_us"], **truth, "error_pct": 100 * (pt["iteration_us"] - m) / m,
             "transfer": pred["transfer"], "profile_measured_us": pred["measured_iteration_us"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--framework", choices=["ddp", "horovod"], default="ddp",
+                    help="ddp: train_ddp.py under torchrun; horovod: hvd_recorder.py under horovodrun "
+                         "(profiled by dpro profile, measured with the recorder off)")
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--profiles", default="1,2", help="profile sizes (workers); empty: none")
     ap.add_argument("--targets", default="2,3,4")
@@ -120,6 +168,9 @@ def main() -> None:
                     help="also profile 2 workers capped at PROF Mbit/s and predict 2 workers at T1, T2 Mbit/s")
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--truth-runs", type=int, default=2,
+                    help="unprofiled runs of every target, half before and half after the profiles")
+    ap.add_argument("--active", type=int, default=10, help="profiled steps (a profile of a few steps is noisy here)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
     ap.add_argument("--port", type=int, default=29900)
     ap.add_argument("--reuse", action="store_true", help="keep the measurements and profiles already in OUT")
@@ -135,6 +186,8 @@ def main() -> None:
     net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
     common = ["--host-cores", str(o.host_cores)]
+    if "cpu_alpha_us" in json.loads(plat.read_text()).get("allreduce", {}):
+        common += ["--cpu-cost", str(plat)]  # the collectives' CPU, measured by dpro calibrate
     rows = []
     profiles = [int(x) for x in o.profiles.split(",") if x.strip()]
     if profiles:
@@ -146,9 +199,10 @@ def main() -> None:
             for n in targets:
                 port += 1
                 runs[n].append(measure(n, o.model, sub / f"truth{n}_{k}", port, o.steps, o.warmup, fid, o.reuse,
-                                       o.cap_mbit))
+                                       o.cap_mbit, o.framework))
 
-        truths(0)  # before and after the profiles: slow drifts of the machine hit both sides
+        for k in range(o.truth_runs // 2):  # before and after the profiles: slow drifts hit both sides
+            truths(k)
         preds = []
         for p in profiles:
             port += 1
@@ -158,7 +212,8 @@ def main() -> None:
             if p == 1 and o.cap_mbit is not None:
                 extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
             preds.append((p, dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common)))
-        truths(1)
+        for k in range(o.truth_runs // 2, o.truth_runs):
+            truths(k)
         for p, pred in preds:
             rows += [row(o, net, p, pt["workers"], pt, pred, combine(runs[pt["workers"]])) for pt in pred["scaling"]]
     if o.bandwidth_case:
@@ -169,15 +224,17 @@ def main() -> None:
         for t in [float(x) for x in tgts.split(",")]:
             port += 1
             tr = combine([measure(2, o.model, o.out / f"bw_truth{t:g}_{k}", port + k * 50, o.steps, o.warmup, fid,
-                                  o.reuse, t) for k in range(2)])
+                                  o.reuse, t, o.framework) for k in range(2)])
             pred = dpro("whatif", str(tdir), "--workers", "2", "--bandwidth", f"{t:g}Mbit",
                         "--profiled-bandwidth", f"{prof}Mbit", "--json", *common)
             rows.append(row(o, f"{prof}->{t:g} Mbit/s", 2, 2, pred["scaling"][0], pred, tr))
-    print(f"{'case':36} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'foreign %':>9} {'profile ms':>10}")
+    print(f"{'case':36} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'repeat %':>8} {'foreign %':>9} "
+          f"{'profile ms':>10}")
     for r in rows:
-        case = f"{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
+        case = f"{'hvd ' if r['framework'] == 'horovod' else ''}{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
         print(f"{case:36} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
-              f"{r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f} {r['profile_measured_us'] / 1e3:10.2f}")
+              f"{r['noise_pct']:8.1f} {r['repeat_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f} "
+              f"{r['profile_measured_us'] / 1e3:10.2f}")
     errs = sorted(abs(r["error_pct"]) for r in rows)
     if errs:
         print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "
@@ -188,4 +245,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from boost import boosted
+
+    with boosted() as on:  # the measured jobs before other sessions' work (autogroup nice)
+        print(f"# measured jobs boosted: {'yes' if on else 'no'}", file=sys.stderr, flush=True)
+        main()

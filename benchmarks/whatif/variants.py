@@ -3,8 +3,8 @@ autocast on CPU) and a fused / foreach optimizer.
 
 The plain job (``examples/whatif/train_variant.py --model MODEL``) is profiled once;
 ``dpro whatif TRACE --apply NAME --json`` predicts each variant; each variant then runs
-UNPROFILED twice (before and after the prediction), timed by the script itself (median
-step). Reports predicted vs measured and the machine's load (foreign CPU %).
+UNPROFILED ``--runs`` times, each right after a run of the plain job, timed by the
+script itself (median step). Reports predicted vs measured and the machine's load (foreign CPU %).
 
     .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--out /tmp/dpro-whatif-variants]
 """
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per variant (the first before the prediction)")
+    ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per variant, each after a run of the plain job")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--amp-factors", type=Path, default=None,
                     help="DPRO_AMP_FACTORS for the prediction (default: measured here by benchmarks/amp_calibration.py)")
@@ -71,14 +71,18 @@ def main() -> None:
     for name in o.variants.split(","):
         opts, spec = VARIANTS[name]
         meter = fid.CpuMeter()
-        steps = train([*base, *opts], o.out / f"{name}_0.json")
         p = subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(trace), "--apply", spec, "--json"],
                            check=True, capture_output=True, text=True, env=env)
         pred = json.loads(p.stdout)
-        for k in range(1, o.runs):
-            steps += train([*base, *opts], o.out / f"{name}_{k}.json")
-        plain = train(base, o.out / f"plain_{name}.json")
+        steps, plain, per_run = [], [], []
+        for k in range(o.runs):  # interleaved plain / variant: the machine's drift hits both sides alike
+            pl = train(base, o.out / f"plain_{name}_{k}.json")
+            va = train([*base, *opts], o.out / f"{name}_{k}.json")
+            plain += pl
+            steps += va
+            per_run.append(statistics.median(va))
         meas = statistics.median(steps)
+        q = statistics.quantiles(steps, n=4)
         rows.append({"variant": name, "whatif": spec, "predicted_us": pred["predicted_iteration_us"],
                      "baseline_predicted_us": pred["baseline_iteration_us"], "measured_us": meas,
                      "plain_measured_us": statistics.median(plain),
@@ -86,16 +90,22 @@ def main() -> None:
                      # against the drift of a shared machine: the change, each side against its own baseline
                      "predicted_ratio": pred["predicted_iteration_us"] / pred["baseline_iteration_us"],
                      "measured_ratio": meas / statistics.median(plain),
+                     "noise_pct": 100 * (q[2] - q[0]) / meas, "run_medians_us": per_run,
                      "foreign_cpu_pct": meter.foreign_pct(), "load_avg_1m": os.getloadavg()[0]})
     print(f"{'variant':14} {'what-if':30} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'plain ms':>9} "
-          f"{'pred x':>7} {'meas x':>7} {'foreign %':>9}")
+          f"{'pred x':>7} {'meas x':>7} {'noise %':>8} {'foreign %':>9}")
     for r in rows:
         print(f"{r['variant']:14} {r['whatif']:30} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} "
               f"{r['error_pct']:+7.1f} {r['plain_measured_us'] / 1e3:9.2f} {r['predicted_ratio']:7.3f} "
-              f"{r['measured_ratio']:7.3f} {r['foreign_cpu_pct'] or 0:9.0f}")
+              f"{r['measured_ratio']:7.3f} {r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f}")
     print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     (o.out / "results.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from boost import boosted
+
+    with boosted() as on:  # the measured jobs before other sessions' work (autogroup nice)
+        print(f"# measured jobs boosted: {'yes' if on else 'no'}", file=sys.stderr, flush=True)
+        main()

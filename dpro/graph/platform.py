@@ -11,7 +11,8 @@ and bytes)::
 
 ``allreduce`` is the per-ring-step cost of the backend's all-reduce (a ring all-reduce of
 B bytes over N ranks takes ``2(N-1) * (alpha + beta*B/N)``); an optional ``ps`` entry of
-the same shape is the cost of one parameter-server message; the optional ``cores`` is the
+the same shape is the cost of one parameter-server message; ``allreduce`` may also hold
+``cpu_alpha_us`` and ``cpu_beta_us_per_byte``, the CPU time per rank in the same form; the optional ``cores`` is the
 CPU cores one host's processes share. A flat ``{"alpha_us": .., "beta_us_per_byte": ..}``
 (optionally with ``cores``) is read as the all-reduce cost.
 """
@@ -48,6 +49,8 @@ class Platform:
     source: str = ""
     #: CPU cores shared by one host's processes (None: unknown / one device each)
     cores: int | None = None
+    #: CPU time per rank of the all-reduce, same form (``cpu_alpha_us``, ``cpu_beta_us_per_byte``)
+    allreduce_cpu: Transfer | None = None
 
     def transfer(self, kind: str) -> Transfer:
         t = self.allreduce if kind == "allreduce" else (self.ps or self.allreduce)
@@ -88,4 +91,9 @@ def load_platform(path: str | Path) -> Platform:
     ar, ps = _transfer(d.get("allreduce"), p, "allreduce"), _transfer(d.get("ps"), p, "ps")
     if ar is None and ps is None:
         raise DproInputError(p, "not a platform file: neither 'allreduce' nor 'ps' costs")
-    return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p))
+    cpu = None
+    if isinstance(d.get("allreduce"), dict) and "cpu_alpha_us" in d["allreduce"]:
+        a = d["allreduce"]
+        cpu = _transfer({"alpha_us": a.get("cpu_alpha_us"), "beta_us_per_byte": a.get("cpu_beta_us_per_byte")},
+                        p, "allreduce cpu")
+    return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p), cpu)

@@ -5,12 +5,18 @@ default), all-reduce float32 tensors of sizes from 4 KiB to 64 MiB (a few warm-u
 then ``repeats`` timed ones each, every rank entering together after a barrier) and rank 0
 keeps the median time per size. ``t = 2(N-1) * (alpha + beta * B/N)`` is fitted by least
 absolute deviations with alpha, beta >= 0 (:func:`dpro.graph.comm_model.lad_link_cost`).
+
+The same calls' CPU time (the rank's process, all threads, user + system: the library's
+reductions and copies and the kernel's socket work) is fitted the same way
+(``cpu_alpha_us``, ``cpu_beta_us_per_byte``): the CPU a collective takes from the cores
+the workers share (``dpro whatif --host-cores``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import statistics
 import tempfile
@@ -37,16 +43,23 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int],
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         for _ in range(2):
             dist.all_reduce(x)
-        ts = []
+        ts, cpu = [], []
         for _ in range(repeats):
             dist.barrier()
-            t0 = time.perf_counter()
+            c0, t0 = _cpu_us(), time.perf_counter()
             dist.all_reduce(x)
             ts.append((time.perf_counter() - t0) * 1e6)
-        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts)})
+            cpu.append(_cpu_us() - c0)
+        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts), "cpu_us": statistics.median(cpu)})
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
+
+
+def _cpu_us() -> float:
+    """CPU time of this process so far (all threads, user + system), µs."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime + r.ru_stime) * 1e6
 
 
 def _free_port() -> int:
@@ -69,7 +82,9 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
     k = ring_steps(processes)
     A = np.array([[k, k * r["bytes"] / processes] for r in rows], dtype=float)
     lc = lad_link_cost(A, np.array([r["us"] for r in rows], dtype=float))
+    cpu = lad_link_cost(A, np.array([r["cpu_us"] for r in rows], dtype=float))
     return {"format": FORMAT, "version": 1, "backend": backend, "processes": processes, "host": socket.gethostname(),
             "allreduce": {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "fit_error": lc.fit_error,
-                          "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N)"},
+                          "cpu_alpha_us": cpu.alpha, "cpu_beta_us_per_byte": cpu.beta,
+                          "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N), CPU per rank alike"},
             "samples": rows}

@@ -26,7 +26,7 @@ import heapq
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (elements)
 DEFAULT_BOUND = 1_000_000
+#: payload bytes per byte on the link: ``--bandwidth`` is the line rate (what ``tc`` and an
+#: Ethernet port count: every frame's headers); TCP over the usual 1500-byte MTU carries
+#: 1448 payload bytes (timestamps on) in each 1514-byte frame
+TCP_PAYLOAD_SHARE = 1448 / 1514
 #: ps-lite/ZMQ control window (bytes) of the multiplexing model: first pieces of this size
 #: of every queued message go out before the rest (the simulator's stream window)
 DEFAULT_WINDOW = 64 << 10
@@ -68,6 +72,8 @@ class Cluster:
     host_cores: int | None = None
     #: bytes per µs of the links the profile ran on, if known (refines ``bandwidth``)
     profiled_bandwidth: float | None = None
+    #: CPU time per rank of an all-reduce (``dpro calibrate``), for ``host_cores``
+    comm_cpu: Transfer | None = None
 
 
 @dataclass
@@ -130,12 +136,12 @@ def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str) 
         if lc is not None:
             t, src = Transfer(lc.alpha, lc.beta), "fitted on the trace"
     if cluster.bandwidth is not None:
-        wire = 1.0 / cluster.bandwidth
+        wire = 1.0 / (cluster.bandwidth * TCP_PAYLOAD_SHARE)
         if t is None:
             t, src = Transfer(0.0, wire), "bandwidth given"
         elif cluster.profiled_bandwidth is not None:
             # the fitted beta is the profiled wire plus the library's own per-byte work: swap the wire
-            t = Transfer(t.alpha, max(0.0, t.beta - 1.0 / cluster.profiled_bandwidth) + wire)
+            t = Transfer(t.alpha, max(0.0, t.beta - 1.0 / (cluster.profiled_bandwidth * TCP_PAYLOAD_SHARE)) + wire)
             src += " (wire swapped for the bandwidth given)"
         else:
             # the wire and the library's per-byte work pipeline: the slower one sets the pace
@@ -168,6 +174,32 @@ def _workers(job: Job) -> list[WhatIfGraph]:
     return out
 
 
+def synthesize_allreduce(g: WhatIfGraph, tensors: list[tuple[str, int, str]], node: str) -> int:
+    """Daydream's "distributed training from a single-worker profile" for a profile with no
+    collective (Horovod at one rank skips its all-reduces): ``tensors`` are the gradients
+    ``(name, bytes, producer op name in g)``; the gradients of one producer are ready in the
+    same Horovod cycle and go as one fused all-reduce, inserted after the producer on the
+    node's communication queue; the optimizer (the UPDATE ops with no UPDATE predecessor)
+    waits for every one (``hvd.DistributedOptimizer.step`` synchronizes first). Their
+    ``dur`` is set by the scale-out model. Returns the number of all-reduces inserted."""
+    by_name = {op.name: op for op in g.ops.values()}
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for name, nbytes, producer in tensors:
+        if producer in by_name and nbytes > 0:
+            groups.setdefault(producer, []).append((name, nbytes))
+    if not groups:
+        return 0
+    updates = [op.id for op in g.ops.values() if op.cat == "UPDATE" and op.node == node
+               and not any(g.ops[q].cat == "UPDATE" for q in g.pred[op.id])]
+    for producer, ts in groups.items():
+        src = by_name[producer]
+        g.insert([src.id], Op(name=f"{node}/allreduce:{'+'.join(t for t, _ in ts)}", cat="COMM",
+                              device=f"{node}/comm:allreduce", node=node, comm_device=True, dur=0.0,
+                              bytes=sum(b for _, b in ts), prio=src.prio,
+                              attrs={"sub_op": "ALLREDUCE", "synthesized": True}), updates)
+    return len(groups)
+
+
 def _simulate_point(g: WhatIfGraph, n: int, servers: int | None) -> Point:
     from dpro.replayer.breakdown import breakdown
 
@@ -192,12 +224,33 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if kind == "allreduce" and (c0.servers or c0.asynchronous):
         raise DproInputError(job.path, "--servers/--async need a parameter-server profile; this one all-reduces")
     transfer, src = _transfer(job, c0, platform, kind)
+    if platform is not None and platform.allreduce_cpu is not None:
+        cluster_points = [c if c.comm_cpu is not None else replace(c, comm_cpu=platform.allreduce_cpu)
+                          for c in cluster_points]
     measured = job.replay().measured_iteration_us
     res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
     kvstore = str((job.trace.manifest.meta or {}).get("kvstore") or "")
     if kind == "ps" and "async" in kvstore and not c0.asynchronous:
         res.notes.append(f"profiled with {kvstore}: --async predicts its throughput")
     reps = _workers(job)
+    if kind == "allreduce" and not any(g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE") for g in reps):
+        for g, (name, nt) in zip(reps, sorted(((nt.info.rank, n), nt) for n, nt in job.trace.nodes.items()
+                                              if nt.info.role == "worker")):
+            k = synthesize_allreduce(g, [(t.name, t.bytes, f"{name[1]}/{t.producer}") for t in nt.tensors
+                                         if t.producer], name[1])
+        if k:
+            res.notes.append(f"the profile has no collective (one rank): {k} gradient all-reduces inserted "
+                             "after the ops producing the gradients, before the optimizer")
+    per_rep = [transfer] * len(reps)
+    if kind == "allreduce" and not c0.asynchronous:
+        c_ = cluster_points[0]
+        for i, g in enumerate(reps):
+            f = deflate_contended(g, c_, len(reps))
+            if f > 1.0:
+                res.notes.append(f"the profile's workers saturated the {c_.host_cores} cores: "
+                                 f"its times / {f:.3f} before scaling out")
+                if src == "fitted on the trace":  # the collectives were measured as slowly
+                    per_rep[i] = Transfer(transfer.alpha / f, transfer.beta / f)
     for fn, params in whatifs:
         for g in reps:
             fn(g, **params)
@@ -209,7 +262,7 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
             res.points.append(_async_point(job, reps[0], c, transfer))
             continue
         one = _allreduce_point if kind == "allreduce" else (lambda g, c, t: _ps_point(job, g, c, t))
-        res.points.append(max((one(g.copy(), c, transfer) for g in reps), key=lambda p: p.iteration_us))
+        res.points.append(max((one(g.copy(), c, t) for g, t in zip(reps, per_rep)), key=lambda p: p.iteration_us))
     return res
 
 
@@ -217,28 +270,40 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
 def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point]) -> Point:
     """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
 
-    Each worker needs ``busy`` µs of CPU a step (its computation ops); N of them fit on C
-    cores only if the step lasts at least ``N*busy/C``. Processor sharing slows every
-    computation op by the least factor ``f`` in ``[1, N/C]`` with ``T(f) >= N*busy/C``
-    (bisection: the step ``T`` grows with ``f``). A CPU-bound job slows by N/C; one whose
-    workers wait on the network lends those waits to the others (workers not in lockstep)."""
+    Each worker needs ``busy`` µs of CPU a step: its computation ops, plus, with
+    ``c.comm_cpu`` (``dpro calibrate``'s CPU time of a collective), the CPU its collectives
+    take (the library's reductions and copies, the kernel's socket work:
+    ``allreduce_us(bytes, N, comm_cpu)`` each). N of them fit on C cores only if the step
+    lasts at least ``N*busy/C``. Processor sharing slows every computation op by the least
+    factor ``f >= 1`` with ``T(f) >= N*busy/C``, and a collective takes the longer of its
+    link time and its CPU time ``* f`` (bisection: the step ``T`` grows with ``f``). A
+    CPU-bound job slows by N/C; one whose workers wait on the network lends those waits to
+    the others (workers not in lockstep). Without ``comm_cpu`` nothing changes up to C
+    workers; with it, C workers whose collectives overlap their computation may already
+    contend."""
     n, cores = c.workers, c.host_cores
-    if not cores or n <= cores:
+    if not cores or (n <= cores and c.comm_cpu is None):
         return point(g.copy())
     from dpro.whatif.builtin import compute_speed
 
+    comm_cpu = {} if c.comm_cpu is None else {
+        op.id: allreduce_us(op.bytes, n, c.comm_cpu) for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"}
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
-    need = n * busy / cores
+    need = n * (busy + sum(comm_cpu.values())) / cores
 
     def at(f: float) -> Point:
         h = g.copy()
         compute_speed(h, factor=1.0 / f)
+        for i, cpu_us in comm_cpu.items():
+            h.ops[i].dur = max(h.ops[i].dur, cpu_us * f)
         return point(h)
 
-    lo, hi = 1.0, n / cores
-    first = at(lo)
+    first = at(1.0)
     if first.iteration_us >= need:
         return first
+    lo, hi = 1.0, max(1.0, n / cores)
+    while at(hi).iteration_us < need and hi < 1e3:  # overlapping threads: beyond N/C
+        lo, hi = hi, hi * 2
     for _ in range(20):
         mid = (lo + hi) / 2
         if at(mid).iteration_us >= need:
@@ -246,6 +311,29 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
         else:
             lo = mid
     return at(hi)
+
+
+def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
+    """A profile of ``profiled`` workers on the same ``c.host_cores`` cores that saturated
+    them ran every op ``f`` times slower than alone: its step ``T`` is then the CPU its
+    workers needed, ``profiled * (busy/f + cpu) = cores * T`` (``busy``: the computation
+    ops' measured time, ``cpu``: the collectives' CPU per ``c.comm_cpu`` at ``profiled``
+    ranks). Divides every op's time of ``g`` by ``f`` and returns it (1: not saturated,
+    or no ``host_cores``/``comm_cpu`` to tell)."""
+    if not c.host_cores or c.comm_cpu is None:
+        return 1.0
+    t = g.simulate().iteration_us
+    busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
+    cpu = sum(allreduce_us(op.bytes, profiled, c.comm_cpu) for op in g.ops.values()
+              if op.attrs.get("sub_op") == "ALLREDUCE")
+    room = c.host_cores * t / profiled - cpu
+    if room <= 0 or busy <= room:
+        return 1.0
+    f = busy / room
+    for op in g.ops.values():
+        op.dur /= f
+        op.gap /= f
+    return f
 
 
 def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
