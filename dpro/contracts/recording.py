@@ -55,7 +55,9 @@ ENV_TF_HOST_TRACER_LEVEL = "DPRO_TF_HOST_TRACER_LEVEL"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"
-#: ``0``/``false``/``no``: Horovod's timeline writer is idled but not parked between uses
+#: ``0``/``false``/``no``: Horovod's timeline writer is idled but not parked between uses;
+#: ``outside``: parked outside the profiling window only (default: inside it too, where it
+#: holds no lock; dpro/profiler/horovod/writer.py)
 ENV_HOROVOD_PARK = "DPRO_HOROVOD_PARK"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
 ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"
