@@ -59,6 +59,9 @@ ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"
 #: ``outside``: parked outside the profiling window only (default: inside it too, where it
 #: holds no lock; dpro/profiler/horovod/writer.py)
 ENV_HOROVOD_PARK = "DPRO_HOROVOD_PARK"
+#: torch recorder: ``1`` opens the layer ranges with ``record_function`` (the cost before #31)
+#: instead of torch's C++ range (dpro/profiler/pytorch/backend.py)
+ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
 ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"
 #: where the NCCL plugin writes (read by the plugin, native/nccl_patch)
