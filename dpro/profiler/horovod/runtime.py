@@ -100,18 +100,21 @@ class WindowTimeline:
         if self.writer is not None:
             self.writer.wake()
         self._hvd = start_dynamic_timeline(self.module, out_dir)
-        if self._hvd is not None and self.writer is not None:
+        if self.writer is not None:
             records = steps * max(tensors, 1) * (RECORDS_PER_TENSOR + world)
-            if records * 4 <= QUEUE_RECORDS:
-                self.writer.park_unlocked()
+            if self._hvd is None:
+                self.writer.set_normal(False)
+                self.writer.park()
+            elif records * 4 <= QUEUE_RECORDS:
+                self.writer.park_unlocked()  # back at idle priority, parked or not
             else:
+                self.writer.set_normal(False)
                 log.info("dpro: up to %d timeline records in the window: Horovod's writer stays awake", records)
 
     def stop(self) -> None:
         """Stop the timeline (it is complete on disk when this returns) and park the writer."""
         if self.writer is not None:
-            self.writer.wake()
-            self.writer.set_normal(True)  # the window's records are written now: not at idle priority
+            self.writer.wake()  # at normal priority: the window's records are written now
         stop_dynamic_timeline(self._hvd)  # returns once the writer has closed the file
         if self.writer is not None:
             self.writer.set_normal(False)

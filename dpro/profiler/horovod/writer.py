@@ -85,8 +85,8 @@ PARK_SIG = signal.SIGRTMIN + 2
 WAKE_SIG = signal.SIGRTMIN + 3
 #: re-park this often while the job runs (before the sleep ends by itself)
 REPARK_S = 20.0
-#: wake-up signals sent, 1 ms apart, until the writer is seen running
-WAKE_TRIES = 50
+#: how long :meth:`TimelineWriter.wake` keeps sending wake-up signals, 1 ms apart (s)
+WAKE_WAIT_S = 2.0
 #: how many more bytes than the file's size the writer may have written in a probe
 #: (measured 0-49; its own bookkeeping)
 SLACK_BYTES = 256
@@ -204,6 +204,28 @@ def thread_state(tid: int) -> str | None:
         return None
 
 
+def _signal_pending(tid: int, sig: int) -> bool:
+    """Whether ``sig`` is pending for thread ``tid`` of this process (``SigPnd``)."""
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("SigPnd:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def _asleep(tid: int) -> bool:
+    """Whether thread ``tid`` sleeps in the park handler (the writer's loop never sleeps)."""
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            nr = f.read().split(None, 1)[0]
+    except (OSError, IndexError):
+        return False
+    return nr.isdigit() and int(nr) in SLEEP_SYSCALLS
+
+
 def _mapping_end(addr: int) -> int | None:
     """End of the memory mapping of this process that holds ``addr``."""
     try:
@@ -314,20 +336,26 @@ class TimelineWriter:
             self.set_normal(False)
 
     def wake(self) -> None:
-        """Wake the writer (before the timeline is started, or Horovod shut down).
+        """Wake the writer (before the timeline is started, or Horovod shut down); it is
+        left at normal priority (:meth:`set_normal`), so that it takes the signals now.
 
-        Sent again until the thread is seen running: a wake-up that arrives before the
-        park's handler has started is taken first, and the sleep would then go on."""
+        A wake-up taken before the park's handler has started its sleep is lost (the kernel
+        runs the wake-up's handler first when both are pending), so: while the thread
+        sleeps, send the wake-up again; while a park signal is still pending, wait for it to
+        be taken."""
         if self.parked_at is None:
             return
         self.parked_at = None
         self.in_window = False
-        for _ in range(WAKE_TRIES):
-            if not self._signal(WAKE_SIG):
+        self.set_normal(True)
+        deadline = time.monotonic() + WAKE_WAIT_S
+        while time.monotonic() < deadline:
+            if _asleep(self.tid):
+                if not self._signal(WAKE_SIG):
+                    return
+            elif not _signal_pending(self.tid, PARK_SIG):
                 return
             time.sleep(0.001)
-            if thread_state(self.tid) != "S":
-                return
         log.warning("dpro: Horovod's timeline writer (thread %d) did not wake; it will within %d s", self.tid,
                     PARK_SIG)
 
