@@ -11,10 +11,12 @@ unprofiled window) the same, the noise floor.
 
 Configurations: ``plain`` (CPU activity only: op names, threads, times), ``+layers`` (the
 recorder's ``dpro.layer::`` annotation per module, forward hooks: what the recorder
-records by default), ``+shapes`` (``record_shapes``), ``+memory`` (``profile_memory``),
+records by default; opened with torch's C++ range), ``+layers-slow`` (the same with
+``record_function``, as before #31), ``+shapes`` (``record_shapes``), ``+memory`` (``profile_memory``),
 ``+shapes+memory`` and ``recorder-old`` (layers + shapes + memory, the default before #31).
 
     .venv/bin/python benchmarks/overhead_options.py --model transformer --rounds 8
+    .venv/bin/python benchmarks/overhead_options.py --model transformer --rounds 8 --clock cpu   # loaded machine
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "pytorch"))
 from models import DEFAULT_BATCH_SIZE, MODEL_NAMES, build  # noqa: E402
 
+from dpro.profiler.pytorch.backend import fast_range  # noqa: E402
+
 CONFIGS = {
     "plain": (False, {}),
     "+layers": (True, {}),
+    "+layers-slow": ("slow", {}),
     "+shapes": (False, {"record_shapes": True}),
     "+memory": (False, {"profile_memory": True}),
     "+shapes+memory": (False, {"record_shapes": True, "profile_memory": True}),
@@ -42,12 +47,14 @@ CONFIGS = {
 }
 
 
-def layer_hooks(model: torch.nn.Module) -> list:
-    """The recorder's annotations: ``dpro.layer::<path>`` around each module's forward."""
+def layer_hooks(model: torch.nn.Module, slow: bool = False) -> list:
+    """The recorder's annotations: ``dpro.layer::<path>`` around each module's forward, opened
+    with torch's C++ range as the recorder does (``slow``: with ``record_function``, as before #31)."""
     stack: list = []
+    make = (fast_range() if not slow else None) or record_function
 
     def pre(_m, _a, name):
-        rf = record_function("dpro.layer::" + name)
+        rf = make("dpro.layer::" + name)
         rf.__enter__()
         stack.append(rf)
 
@@ -68,7 +75,12 @@ def main() -> None:
     ap.add_argument("--model", choices=MODEL_NAMES, default="transformer")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=6, help="steps per window")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time each step by the wall clock, or by this thread's CPU time (time.thread_time: "
+                         "the training runs on this one thread; far less sensitive to other processes on a "
+                         "loaded machine, blind to waiting)")
     a = ap.parse_args()
+    clock = time.perf_counter if a.clock == "wall" else time.thread_time
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, make_batch, loss_fn = build(a.model)
@@ -78,11 +90,11 @@ def main() -> None:
     def window(n: int) -> list[float]:
         out = []
         for _ in range(n):
-            t = time.perf_counter()
+            t = clock()
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
-            out.append(time.perf_counter() - t)
+            out.append(clock() - t)
         return out
 
     window(5)  # warm-up
@@ -98,7 +110,7 @@ def main() -> None:
         rng.shuffle(order)
         for name in order:
             layers, kw = CONFIGS[name]
-            hooks = layer_hooks(model) if layers else []
+            hooks = layer_hooks(model, slow=layers == "slow") if layers else []
             prof = profile(activities=[ProfilerActivity.CPU], **kw)
             prof.start()
             steps = window(a.steps)
@@ -106,7 +118,7 @@ def main() -> None:
             for h in hooks:
                 h.remove()
             ratios[name].append(statistics.median(steps) / base - 1)
-    print(f"{a.model}: unprofiled {statistics.median(off_ms):.1f} ms/step; {a.rounds} rounds of {a.steps} steps; "
+    print(f"{a.model}: unprofiled {statistics.median(off_ms):.1f} ms/step ({a.clock} clock); {a.rounds} rounds of {a.steps} steps; "
           f"per-step overhead vs the round's unprofiled window (median over rounds, min..max)")
     for name, r in ratios.items():
         print(f"  {name:<15} {100 * statistics.median(r):+6.1f} %  ({100 * min(r):+.1f} .. {100 * max(r):+.1f})")

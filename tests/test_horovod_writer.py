@@ -77,3 +77,47 @@ def test_parked_writer_sleeps_and_wakes(tmp_path):
     assert "R" in out["quick_wake_states"], out  # runnable again (parked: always S)
     assert out["reparked_state"] == "S"
     assert out["shutdown_s"] < 5
+
+
+def test_writer_parked_inside_the_window_where_it_holds_no_lock(tmp_path):
+    """A real 1-rank Horovod job (tests/hvd_park_window_job.py), five windows: the writer is
+    parked while the timeline is on (asleep in sched_yield, no CPU), the window's collectives
+    do not wait for it (its queue keeps their records), and every one of them is in the
+    timeline once the window is stopped."""
+    import json
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from hvd_util import horovod_skip_reason, horovodrun
+
+    if (why := horovod_skip_reason()) is not None:
+        pytest.skip(why)
+    if platform.machine() != "x86_64":
+        pytest.skip("in-window parking reads the x86-64 signal frame")
+    job = Path(__file__).with_name("hvd_park_window_job.py")
+    r = subprocess.run([horovodrun(), "-np", "1", "--gloo", "-H", "localhost:1", sys.executable, str(job),
+                        str(tmp_path), "5"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HOROVOD_TIMELINE": "DYNAMIC"})
+    line = next((ln for ln in r.stdout.splitlines() if "PARK " in ln), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(line.split("PARK ", 1)[1])
+    assert out["found"]
+    assert all(out["parked_in_window"]), out
+    assert set(out["state"]) == {"S"}, out
+    assert max(out["writer_cpu_s"]) < 0.05, out
+    assert max(out["allreduce_s"]) < 10, out  # a stalled queue would wait for the 36 s sleep
+    assert out["names_in_timeline"] == [20] * 5, out
+    assert out["shutdown_s"] < 5
+
+
+def test_parked_pc_is_none_for_a_thread_not_asleep_in_the_handler():
+    """Only a thread asleep in the park handler has a frame to read: this one is running."""
+    import threading as th
+
+    from dpro.profiler.horovod.writer import parked_pc
+
+    assert parked_pc(th.get_native_id(), 1) is None

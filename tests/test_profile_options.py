@@ -106,3 +106,39 @@ def test_trace_written_after_the_window_not_in_it(tmp_path):
         meta = json.loads((out / "rank0.meta.json").read_text())
         assert meta["steps"] == [1, 2] and len(meta["step_wall_after_us"]) == 1
         assert (out / "rank0.json.gz").stat().st_size > 0
+
+
+def test_layer_ranges_are_exported_as_annotations(tmp_path):
+    """The recorder opens its layer ranges with torch's C++ range (cheaper than
+    record_function), which torch exports as cpu_op; the trace it writes calls them
+    user_annotation, as record_function does, so that the importer reads them as layers and
+    not as ops. A real torch.profiler export, relabelled by copy_trace."""
+    import gzip
+    import json
+
+    import pytest
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from dpro.contracts.recording import LAYER_PREFIX
+    from dpro.profiler.pytorch.backend import copy_trace, fast_range
+
+    fast = fast_range()
+    if fast is None:
+        pytest.skip("this torch has no _RecordFunctionFast")
+    lin, x = torch.nn.Linear(4, 4), torch.ones(2, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with fast(LAYER_PREFIX + "fc"):
+            lin(x)
+    raw = tmp_path / "raw.json"
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as fin, gzip.open(tmp_path / "t.json.gz", "wb") as fout:
+        assert copy_trace(fin, fout, True) == 1
+    events = json.loads(gzip.open(tmp_path / "t.json.gz").read())["traceEvents"]
+    layer = [e for e in events if e.get("name") == LAYER_PREFIX + "fc"]
+    assert [e["cat"] for e in layer] == ["user_annotation"]
+    assert any(e.get("name") == "aten::linear" and e["cat"] == "cpu_op" for e in events)
+    # without relabel the copy is byte for byte
+    with raw.open("rb") as fin, (tmp_path / "same.json").open("wb") as fout:
+        assert copy_trace(fin, fout, False) == 0
+    assert (tmp_path / "same.json").read_bytes() == raw.read_bytes()

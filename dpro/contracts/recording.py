@@ -55,8 +55,13 @@ ENV_TF_HOST_TRACER_LEVEL = "DPRO_TF_HOST_TRACER_LEVEL"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"
-#: ``0``/``false``/``no``: Horovod's timeline writer is idled but not parked between uses
+#: ``0``/``false``/``no``: Horovod's timeline writer is idled but not parked between uses;
+#: ``outside``: parked outside the profiling window only (default: inside it too, where it
+#: holds no lock; dpro/profiler/horovod/writer.py)
 ENV_HOROVOD_PARK = "DPRO_HOROVOD_PARK"
+#: torch recorder: ``1`` opens the layer ranges with ``record_function`` (the cost before #31)
+#: instead of torch's C++ range (dpro/profiler/pytorch/backend.py)
+ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
 ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"
 #: where the NCCL plugin writes (read by the plugin, native/nccl_patch)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,18 +30,53 @@ from dpro.contracts.recording import (
     META_FORMAT,
     META_VERSION,
     TORCH_STEP_PREFIX,
+    ENV_SLOW_LAYERS,
     MetaKey,
     rank_meta_name,
     rank_trace_name,
 )
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig, measure_compile_enabled
-from dpro.profiler.horovod.runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
-from dpro.profiler.horovod.writer import idle_timeline_writer
+from dpro.profiler.horovod.runtime import WindowTimeline, settings_from_env
 from dpro.profiler.pytorch.compile_probe import CompileProbe
 from dpro.profiler.pytorch.memory import MemoryWatch
 
 log = logging.getLogger(__name__)
+
+#: how torch exports a ``_RecordFunctionFast`` range (its category is cpu_op, not
+#: user_annotation); the export's lines ``"cat": "cpu_op",`` then ``"name": "dpro.layer::...``
+_FAST_CAT, _ANNOT_CAT = b'"cat": "cpu_op",', b'"cat": "user_annotation",'
+_LAYER_NAME = b'"name": "' + LAYER_PREFIX.encode()
+
+
+def fast_range() -> Any | None:
+    """torch's C++ profiler range (``torch._C._profiler._RecordFunctionFast``, torch >= 2.2):
+    ~2-5 us to open and close against ~20-60 us for ``record_function`` (a dispatcher op
+    and a Python object per call), or None where this torch lacks it."""
+    try:
+        from torch._C._profiler import _RecordFunctionFast
+    except ImportError:
+        return None
+    return _RecordFunctionFast
+
+
+def copy_trace(fin: Any, fout: Any, relabel: bool) -> int:
+    """Copy torch's Chrome-trace export line by line; with ``relabel``, a layer range
+    exported as ``cpu_op`` (:func:`fast_range`) gets ``user_annotation``, as
+    ``record_function`` writes it, which is what the importer reads as a layer. Returns how
+    many were relabelled."""
+    n = 0
+    prev: bytes | None = None
+    for line in fin:
+        if relabel and prev is not None and line.lstrip().startswith(_LAYER_NAME) and prev.strip() == _FAST_CAT:
+            prev = prev.replace(_FAST_CAT, _ANNOT_CAT)
+            n += 1
+        if prev is not None:
+            fout.write(prev)
+        prev = line
+    if prev is not None:
+        fout.write(prev)
+    return n
 
 
 
@@ -89,13 +123,12 @@ class TorchBackend:
         self.prof: Any = None
         self.hooks: list[Any] = []
         self.steps: list[int] = []
-        self._hvd: Any = None
         self.memory = MemoryWatch(model)
         self.compile_probe = CompileProbe(self.inner) if measure_compile_enabled() else None
         if self.compile_probe is not None:
             self.compile_probe.start()  # before the window: its input copies are not profiled
         self._install_comm_hook()
-        self.writer = idle_timeline_writer("horovod.torch")
+        self.timeline = WindowTimeline("horovod.torch")
 
     # ---------------------------------------------------------------- DDP buckets
     def _install_comm_hook(self) -> None:
@@ -129,9 +162,12 @@ class TorchBackend:
     # ---------------------------------------------------------------- layers
     def _install_layer_hooks(self) -> None:
         stack: list[Any] = []
+        fast = None if os.environ.get(ENV_SLOW_LAYERS, "") in ("1", "true", "yes") else fast_range()
+        self._fast_layers = fast is not None
+        make = fast if fast is not None else torch.profiler.record_function
 
         def pre(mod: Any, args: Any, name: str) -> None:
-            rf = torch.profiler.record_function(LAYER_PREFIX + name)
+            rf = make(name)
             rf.__enter__()
             stack.append(rf)
 
@@ -144,7 +180,7 @@ class TorchBackend:
         # belong to the container; recomputation checkpoints containers).
         for name, mod in self.inner.named_modules():
             if name:
-                self.hooks.append(mod.register_forward_pre_hook(lambda m, a, n=name: pre(m, a, n)))
+                self.hooks.append(mod.register_forward_pre_hook(lambda m, a, n=LAYER_PREFIX + name: pre(m, a, n)))
                 self.hooks.append(mod.register_forward_hook(post))
 
     def _remove_layer_hooks(self) -> None:
@@ -154,8 +190,7 @@ class TorchBackend:
 
     def keep_parked(self) -> None:
         """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
-        if self.writer is not None:
-            self.writer.keep_parked()
+        self.timeline.keep_parked()
 
     # ---------------------------------------------------------------- window
     def start(self) -> None:
@@ -166,11 +201,7 @@ class TorchBackend:
         if torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters()):
             acts.append(ProfilerActivity.CUDA)
         self._install_layer_hooks()
-        if self.writer is None:  # the Recorder was made before hvd.init()
-            self.writer = idle_timeline_writer("horovod.torch")
-        if self.writer is not None:
-            self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
-        self._hvd = start_dynamic_timeline("horovod.torch", self.config.out_dir)
+        self.timeline.start(self.config.out_dir, self.config.steps, len(self.names), _rank_world()[1])
         self.memory.start()
         # op identity, order and durations always; shapes and allocations when asked
         # (DPRO_RECORD_SHAPES / DPRO_PROFILE_MEMORY: docs/profiling.md "What it costs")
@@ -196,10 +227,7 @@ class TorchBackend:
         self._remove_layer_hooks()
         if self.prof is not None:
             self.prof.stop()
-        stop_dynamic_timeline(self._hvd)  # returns once the writer has closed the file
-        if self.writer is not None:
-            self.writer.park()
-        self._hvd = None
+        self.timeline.stop()
 
     def abort(self) -> None:
         try:
@@ -229,7 +257,7 @@ class TorchBackend:
             part = out / f".{rank_trace_name(rank)}.part"
             try:
                 with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
-                    shutil.copyfileobj(fin, fout)
+                    copy_trace(fin, fout, getattr(self, "_fast_layers", False))
                 os.replace(part, out / rank_trace_name(rank))
             except BaseException:
                 part.unlink(missing_ok=True)  # e.g. a full disk: leave no half-written file
@@ -264,7 +292,7 @@ class TorchBackend:
             # wall µs of each call of the step function, warm-up and window (dpro.graph.overhead)
             MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
             # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod.writer)
-            MetaKey.HOROVOD_WRITER_THREAD: self.writer.tid if self.writer is not None else None,
+            MetaKey.HOROVOD_WRITER_THREAD: self.timeline.writer_tid,
             # the fusion settings it ran with (dpro.optimizer: Horovod's default is the job's own grouping)
             **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if backend == "horovod" else {}),
         })

@@ -57,8 +57,7 @@ from dpro.contracts.recording import (
 )
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig, measure_compile_enabled
-from dpro.profiler.horovod.runtime import settings_from_env, start_dynamic_timeline, stop_dynamic_timeline
-from dpro.profiler.horovod.writer import idle_timeline_writer
+from dpro.profiler.horovod.runtime import WindowTimeline, settings_from_env
 from dpro.profiler.tensorflow.compile_probe import XlaProbe
 
 log = logging.getLogger(__name__)
@@ -137,27 +136,22 @@ class TFBackend:
         self.logdir: str | None = None
         self.steps: list[int] = []
         self.active = False
-        self._hvd: Any = None
-        self.writer = idle_timeline_writer("horovod.tensorflow")
+        self.timeline = WindowTimeline("horovod.tensorflow")
         self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
             self.xla_probe.start()
 
     def keep_parked(self) -> None:
         """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
-        if self.writer is not None:
-            self.writer.keep_parked()
+        self.timeline.keep_parked()
 
     def start(self) -> None:
         """Start TF's profiler for the window."""
-        if self.writer is None:  # the Recorder was made before hvd.init()
-            self.writer = idle_timeline_writer("horovod.tensorflow")
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.config.tf_host_tracer_level, python_tracer_level=0,
                                                              device_tracer_level=1)
-        if self.writer is not None:
-            self.writer.wake()  # parked outside the window (dpro.profiler.horovod.writer)
-        self._hvd = start_dynamic_timeline("horovod.tensorflow", self.config.out_dir)
+        self.timeline.start(self.config.out_dir, self.config.steps,
+                            len(getattr(self.model, "trainable_variables", []) or []), rank_world()[1])
         self.tf.profiler.experimental.start(self.logdir, options=opts)
         self.active = True
 
@@ -174,10 +168,7 @@ class TFBackend:
         if self.active:
             self.active = False
             self.tf.profiler.experimental.stop()
-        stop_dynamic_timeline(self._hvd)  # returns once the writer has closed the file
-        if self.writer is not None:
-            self.writer.park()
-        self._hvd = None
+        self.timeline.stop()
 
     def abort(self) -> None:
         try:
@@ -274,7 +265,7 @@ class TFBackend:
                 # wall µs of each call of the step function, warm-up and window (dpro.graph.overhead)
                 MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
                 # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod.writer)
-                MetaKey.HOROVOD_WRITER_THREAD: self.writer.tid if self.writer is not None else None,
+                MetaKey.HOROVOD_WRITER_THREAD: self.timeline.writer_tid,
                 # the fusion settings it ran with (dpro.optimizer: Horovod's default is the job's own grouping)
                 **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if library == "horovod" else {}),
             })
