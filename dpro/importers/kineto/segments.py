@@ -18,9 +18,12 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
-import numpy as np
+from typing import TYPE_CHECKING
 
 from dpro.importers.kineto.read import KEvent, PyFrames, RankFile
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "Runtime"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
@@ -241,6 +244,8 @@ def _min_open_end(spans: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndar
     """The step function ``f(t) = min{end : ts <= t < end}`` over ``spans`` (inf where none
     is open): breakpoints ``b`` (sorted) and values ``v``, ``f(t) = v[k]`` for ``b[k] <= t <
     b[k+1]``."""
+    import numpy as np
+
     spans = sorted(spans)
     times = sorted({t for sp in spans for t in sp})
     heap: list[float] = []
@@ -270,6 +275,8 @@ def _frames_needed(evs: list[_Ev], py: PyFrames) -> np.ndarray:
     both trees when no frame of D ends later than a kept event open at its start.) So the
     frames that do are kept, and the check is repeated with them until none is left.
     """
+    import numpy as np
+
     ts = np.frombuffer(py.ts, dtype=float)
     end = ts + np.frombuffer(py.dur, dtype=float)
     keep = np.zeros(len(ts), dtype=bool)
@@ -427,6 +434,8 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
 
     def start(t: object) -> float:
         f = rf.python.get(t)
+        import numpy as np
+
         return min([e.ts for e in by_tid[t]] + ([float(np.frombuffer(f.ts).min())] if f is not None else []))
 
     thread_names: dict[object, str] = {}
