@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -75,7 +74,8 @@ def code_digest() -> str:
 def package_digest() -> str:
     """SHA-256 of what an analysis's result depends on besides its input: all of dpro's
     code (every module, the replay core's C source and the extension built from it), the
-    Python version and the versions of the numerical libraries. Computed once."""
+    Python version and the installed numerical libraries (the path, size and mtime of each
+    one's ``__init__``: reading their versions costs more than a cached replay). Computed once."""
     pkg = Path(__file__).resolve().parents[1]
     h = hashlib.sha256(sys.version.encode())
     for f in sorted(pkg.rglob("*")):
@@ -85,11 +85,14 @@ def package_digest() -> str:
     spec = importlib.util.find_spec("dpro.replayer._core")
     if spec is not None and spec.origin and Path(spec.origin).is_file():  # the extension in use (editable installs)
         h.update(Path(spec.origin).read_bytes())
-    for lib in _RESULT_LIBS:
+    for lib in _RESULT_LIBS:  # the installed copy of each (another version rewrites it), without importing it
+        spec = importlib.util.find_spec(lib)
+        origin = spec.origin if spec is not None else None
         try:
-            h.update(f"{lib}={importlib.metadata.version(lib)}".encode())
-        except importlib.metadata.PackageNotFoundError:
-            h.update(f"{lib}=none".encode())
+            st = os.stat(origin) if origin else None
+        except OSError:
+            st = None
+        h.update(f"{lib}={origin}:{st.st_size}:{st.st_mtime_ns}".encode() if st else f"{lib}=none".encode())
     return h.hexdigest()
 
 
