@@ -16,13 +16,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-
-from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from typing import TYPE_CHECKING
 
+from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.importers.kineto.read import KEvent, PyFrames, RankFile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy is imported where the frames are checked: not at the CLI's start-up
     import numpy as np
 
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "Runtime"})
@@ -434,9 +433,7 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
 
     def start(t: object) -> float:
         f = rf.python.get(t)
-        import numpy as np
-
-        return min([e.ts for e in by_tid[t]] + ([float(np.frombuffer(f.ts).min())] if f is not None else []))
+        return min([e.ts for e in by_tid[t]] + ([min(f.ts)] if f is not None else []))
 
     thread_names: dict[object, str] = {}
     order = ([main_tid] if main_tid in by_tid else []) + sorted((t for t in by_tid if t != main_tid), key=start)
