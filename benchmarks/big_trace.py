@@ -13,7 +13,8 @@ its ranks in its default local process pool.
 
 For each, `python -m dpro.cli replay --no-cache --json` runs in a child; the peak of the RSS
 summed over its process tree (workers included, sampled from /proc) and the wall time are
-printed, with ``--baseline`` the same for another checkout's dpro on the same files.
+printed (and the CPU seconds, user + system, which the other jobs of a shared machine
+disturb less), with ``--baseline`` the same for another checkout's dpro on the same files.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _run(name: str, repo: Path, path: Path, nbytes: int) -> None:
     r = proctree.run([sys.executable, "-m", "dpro.cli", "--max-input-bytes", "8GiB", "replay", "--no-cache", "--json",
                       str(path)], env=env, cwd=repo)
     status = "ok" if r.returncode == 0 else f"exit {r.returncode}: {r.stderr.strip().splitlines()[-1][:160]}"
-    print(f"{name:>8} {nbytes / 1e6:9.1f} {r.wall_s:8.1f} {r.peak_tree_bytes / 1e6:12.1f} "
+    print(f"{name:>8} {nbytes / 1e6:9.1f} {r.wall_s:8.1f} {r.cpu_s:7.1f} {r.peak_tree_bytes / 1e6:12.1f} "
           f"{r.peak_tree_bytes / nbytes:10.2f} {r.processes:5d}  {status}", flush=True)
 
 
@@ -72,7 +73,7 @@ def main() -> None:
             if not dst.exists():
                 os.link(f, dst)
     nbytes = sum(p.stat().st_size for p in path.iterdir())
-    print(f"{'code':>8} {'JSON MB':>9} {'wall s':>8} {'peak RSS MB':>12} {'peak/JSON':>10} {'procs':>5}  result")
+    print(f"{'code':>8} {'JSON MB':>9} {'wall s':>8} {'CPU s':>7} {'peak RSS MB':>12} {'peak/JSON':>10} {'procs':>5}  result")
     runs = ([] if a.only_baseline else [("this", REPO)]) + ([("baseline", a.baseline)] if a.baseline else [])
     for name, repo in runs:
         _run(name, repo.resolve(), path, nbytes)

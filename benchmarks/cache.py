@@ -3,8 +3,10 @@
 For each trace set, ``--repeat`` rounds of: empty the cache, run ``dpro replay PATH --json``
 (the first replay: imports and stores), run it again (the second: loads from the cache).
 Each run is a fresh process (what a user waits for, Python start-up included); times are
-medians of wall seconds, and the ratio first/second is computed from the medians of the
-same run. Also, in this process: the import alone (``open_trace(cache=False)``) against
+medians of wall seconds (and of CPU seconds, user + system of the child and its workers,
+which the other jobs of a shared machine disturb less), and the ratio first/second is
+computed from the medians of the same run. The second replay prints the cached result
+(docs/scale.md, "A cache of converted traces"). Also, in this process: the import alone (``open_trace(cache=False)``) against
 the load from the cache (``open_trace``), medians of ``--repeat``. The two replays' JSON
 must be identical (less the solver's wall time).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,14 +33,20 @@ CORPUS = REPO.parent / "shared" / "traces" / "corpus"
 DEFAULT = [CORPUS / "param_dlrm_8rank", CORPUS / "tl_mi300_ddp_resnet18", REPO / "examples" / "traces" / "ddp_gloo_2rank_mlp"]
 
 
-def _replay(path: Path, env: dict) -> tuple[float, dict]:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _replay(path: Path, env: dict) -> tuple[float, float, dict]:
+    """Wall and CPU seconds (user + system, the child and its workers) of one replay, and its JSON."""
+    t0, c0 = time.perf_counter(), _cpu()
     out = subprocess.run([sys.executable, "-m", "dpro.cli", "replay", str(path), "--json"], env=env,
                          capture_output=True, check=True).stdout
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, _cpu() - c0
     res = json.loads(out)
     res.get("clock_alignment", {}).pop("time_s", None)  # the solver's wall time
-    return dt, res
+    return dt, cpu, res
 
 
 def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
@@ -46,15 +55,17 @@ def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
 
     env = dict(os.environ, DPRO_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
     env.pop("DPRO_NO_CACHE", None)
-    first, second = [], []
+    first, second, first_cpu, second_cpu = [], [], [], []
     for _ in range(repeat):
         shutil.rmtree(cache_dir, ignore_errors=True)
-        t1, r1 = _replay(path, env)
-        t2, r2 = _replay(path, env)
+        t1, c1, r1 = _replay(path, env)
+        t2, c2, r2 = _replay(path, env)
         if r1 != r2:
             raise SystemExit(f"{path}: the second replay differs from the first")
         first.append(t1)
         second.append(t2)
+        first_cpu.append(c1)
+        second_cpu.append(c2)
     # in-process: the import alone vs the load from the cache
     os.environ["DPRO_CACHE_DIR"] = str(cache_dir)
     imp, load = [], []
@@ -66,12 +77,14 @@ def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
         open_trace(path, cache=True)
         load.append(time.perf_counter() - t0)
     size = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path]) if f.is_file())
-    entry = sum(f.stat().st_size for d in TraceCache(cache_dir).root.glob("*/*") for f in d.iterdir())
+    entry = sum(f.stat().st_size for f in TraceCache(cache_dir).root.rglob("*") if f.is_file())
     f, s = statistics.median(first), statistics.median(second)
+    fc, sc = statistics.median(first_cpu), statistics.median(second_cpu)
     i, lo = statistics.median(imp), statistics.median(load)
     return {"path": str(path), "input_bytes": size, "cache_entry_bytes": entry,
             "first_replay_s": round(f, 3), "second_replay_s": round(s, 3), "ratio": round(f / s, 2),
             "first_runs_s": [round(x, 3) for x in first], "second_runs_s": [round(x, 3) for x in second],
+            "first_cpu_s": round(fc, 3), "second_cpu_s": round(sc, 3), "cpu_ratio": round(fc / sc, 2),
             "import_s": round(i, 3), "cached_load_s": round(lo, 3), "import_ratio": round(i / lo, 2)}
 
 
@@ -92,7 +105,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if not a.json:
                 print(f"{Path(r['path']).name}: {r['input_bytes'] / 1e6:.1f} MB in, cache entry "
                       f"{r['cache_entry_bytes'] / 1e6:.1f} MB; dpro replay first {r['first_replay_s']:.2f} s, "
-                      f"second {r['second_replay_s']:.2f} s -> {r['ratio']}x (medians of {a.repeat}); "
+                      f"second {r['second_replay_s']:.2f} s -> {r['ratio']}x (CPU {r['first_cpu_s']:.2f} s vs "
+                      f"{r['second_cpu_s']:.2f} s -> {r['cpu_ratio']}x; medians of {a.repeat}); "
                       f"import {r['import_s']:.2f} s vs cached load {r['cached_load_s']:.2f} s -> {r['import_ratio']}x")
     if a.json:
         print(json.dumps(out))

@@ -47,11 +47,13 @@ def _commands(path: Path) -> dict[str, list[str]]:
 
 
 def run_once(cmd: list[str], env: dict) -> dict:
-    """Wall seconds and the peak of the process tree's summed RSS (:mod:`proctree`)."""
+    """Wall seconds, CPU seconds (user + system, workers included) and the peak of the
+    process tree's summed RSS (:mod:`proctree`)."""
     r = proctree.run(cmd, env=env, interval=0.02)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({r.returncode}):\n{r.stderr[-2000:]}")
-    return {"wall_s": r.wall_s, "tree_peak_bytes": r.peak_tree_bytes, "processes": r.processes, "stdout": r.stdout}
+    return {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "tree_peak_bytes": r.peak_tree_bytes, "processes": r.processes,
+            "stdout": r.stdout}
 
 
 def bench(path: Path, repeat: int) -> dict:
@@ -68,10 +70,11 @@ def bench(path: Path, repeat: int) -> dict:
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     out: dict = {"path": str(path), "files": sum(1 for f in path.iterdir() if f.is_file()), "bytes": size}
     for tool, rs in runs.items():
-        for k in ("wall_s", "tree_peak_bytes", "processes"):
+        for k in ("wall_s", "cpu_s", "tree_peak_bytes", "processes"):
             out[f"{tool}_{k}"] = statistics.median(x[k] for x in rs)
         out[f"{tool}_wall_runs_s"] = [round(x["wall_s"], 2) for x in rs]
     out["speedup"] = out["hta_wall_s"] / out["dpro_wall_s"]
+    out["speedup_cpu"] = out["hta_cpu_s"] / out["dpro_cpu_s"]
     out["memory_ratio_tree"] = out["dpro_tree_peak_bytes"] / out["hta_tree_peak_bytes"]
     return out
 

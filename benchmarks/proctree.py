@@ -7,6 +7,7 @@ ranks in worker processes needs the peak of their sum, sampled here from /proc.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import threading
 import time
@@ -26,6 +27,9 @@ class Measured:
     processes: int
     stdout: str
     stderr: str
+    #: user + system CPU seconds of the command and the descendants it waited for: less
+    #: sensitive than ``wall_s`` to the other jobs of a shared machine
+    cpu_s: float = 0.0
 
 
 def _tree(root: int) -> list[int]:
@@ -55,6 +59,7 @@ def _rss(pid: int) -> int:
 def run(cmd: list[str], env: dict | None = None, interval: float = 0.05, cwd: Path | None = None) -> Measured:
     """Run ``cmd`` (in ``cwd``: `python -m` imports from there first) and measure it."""
     t0 = time.perf_counter()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak, most = 0, 0
     done = threading.Event()
@@ -72,4 +77,7 @@ def run(cmd: list[str], env: dict | None = None, interval: float = 0.05, cwd: Pa
     out, err = proc.communicate()
     done.set()
     th.join()
-    return Measured(proc.returncode, time.perf_counter() - t0, peak, most, out, err)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return Measured(proc.returncode, wall, peak, most, out, err, cpu)

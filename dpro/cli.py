@@ -118,13 +118,22 @@ def replay(
     where dpro's recorder measured its own overhead, the prediction without it.
 
     An import of torch.profiler traces is cached: a second replay of unchanged files
-    skips it (--no-cache, or DPRO_NO_CACHE=1, turns that off). With --ray the rank files
+    skips it, and a second --json replay with the same options prints the cached result
+    (--no-cache, or DPRO_NO_CACHE=1, turns both off). With --ray the rank files
     are imported as Ray tasks (each worker reads its file: the same path must be readable
     there).
 
     The last line says which replay engine ran: the compiled core when it was built
     (else the Python one, and why); DPRO_ENGINE=python|compiled|both forces one.
     """
+    from dpro.job import result_cache
+
+    # --json of unchanged traces: the result cache (before anything heavy is imported)
+    cached = None if not as_json or timeline or no_cache or ray_address else result_cache(
+        path, "replay", {"expand_collectives": not no_expand, "align": not no_align}, rank_pattern=rank_pattern)
+    if cached is not None and (hit := cached.load()) is not None:
+        print_json(hit)
+        return
     from dpro.executor import mapper_for
     from dpro.job import open_job
     from dpro.replayer.timeline import write_timeline
@@ -136,7 +145,10 @@ def replay(
     if timeline:
         write_timeline(timeline, res.graph, res.schedule)
     if as_json:
-        print_json(res.to_json())
+        out = res.to_json()
+        if cached is not None:
+            cached.save(out)
+        print_json(out)
         return
     from dpro.report import print_replay
 

@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace
 
 if TYPE_CHECKING:
@@ -157,3 +158,54 @@ def prepare(gt: GTrace, *, align: bool | AlignOptions = True, path: Path | None 
     except ValueError as e:  # e.g. an unknown reference node
         raise DproInputError(path or gt.source or "trace", str(e)) from None
     return Job(profiled=gt, trace=trace, alignment=alignment, path=path, progress=progress)
+
+
+@dataclass(frozen=True)
+class CachedResult:
+    """Where one analysis's result of one unchanged input is cached (:func:`result_cache`)."""
+
+    store: object  # dpro.gtrace.cache.TraceCache
+    key: str
+
+    def load(self) -> dict | None:
+        return self.store.load_result(self.key)  # type: ignore[attr-defined]
+
+    def save(self, result: dict) -> None:
+        self.store.store_result(self.key, result)  # type: ignore[attr-defined]
+
+
+def result_cache(path: str | Path, what: str, options: dict, *, rank_pattern: str | None = None,
+                 cache: bool | None = None) -> CachedResult | None:
+    """The cache entry of the result ``what`` (e.g. ``"replay"``, as JSON) of the
+    torch.profiler traces in ``path`` computed with ``options``, or None where there is none
+    (cache off, ``path`` not such traces, or not readable: the analysis says why).
+
+    Its key is the trace cache's key of the files (resolved path, size and ``mtime_ns`` of
+    each, the rank pattern) with ``options``, the read options (``--max-input-bytes``,
+    ``--allow-missing-ranks``), ``DPRO_ENGINE`` and all of dpro's code and its libraries'
+    versions (:func:`dpro.gtrace.cache.package_digest`): a changed file, option or dpro
+    gets a new key. Cheap: nothing is imported or read but the files' metadata, so that a
+    hit costs little more than the interpreter's start.
+    """
+    import os
+    from dataclasses import asdict
+
+    from dpro.gtrace.cache import TraceCache, default_dir, enabled_by_default
+    from dpro.gtrace.io import is_gtrace
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, trace_files
+    from dpro.jsonio import current_read_options
+
+    p = Path(path)
+    if not (enabled_by_default() if cache is None else cache) or not p.exists() or is_gtrace(p):
+        return None
+    store = TraceCache(default_dir())
+    if not store.usable_for(p, quiet=True):
+        return None
+    pattern = rank_pattern or DEFAULT_RANK_PATTERN
+    try:
+        files = [f for f in trace_files(p) if f.is_file()]
+        key = store.key(files, {"importer": "kineto", "rank_pattern": pattern})
+    except (DproInputError, OSError):
+        return None
+    opts = {"options": options, "read": asdict(current_read_options()), "engine": os.environ.get("DPRO_ENGINE", "")}
+    return CachedResult(store, store.result_key(key, what, opts))

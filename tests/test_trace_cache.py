@@ -157,3 +157,54 @@ def test_replay_no_cache_flag(run_cli, kineto_dir, cache_dir):
     code, out3, _ = run_cli("replay", kineto_dir, "--json")
     strip = lambda s: {k: v for k, v in orjson.loads(s).items() if k != "clock_alignment"}  # noqa: E731
     assert strip(out) == strip(out2) == strip(out3)
+
+
+def _results(d: Path) -> list[Path]:
+    return sorted((d / "results").glob("*.json")) if (d / "results").is_dir() else []
+
+
+def test_replay_json_result_cached_identical_and_invalidated(run_cli, kineto_dir, cache_dir, tmp_path, monkeypatch):
+    """A second `replay --json` prints the cached result, byte for byte the uncached one;
+    another option, a changed file or --no-cache compute again."""
+    src = tmp_path / "job"
+    shutil.copytree(kineto_dir, src)
+    code, first, _ = run_cli("replay", src, "--json")
+    assert code == 0 and len(_results(cache_dir)) == 1
+    import dpro.job
+
+    open_job = dpro.job.open_job
+    monkeypatch.setattr(dpro.job, "open_job", lambda *a, **k: pytest.fail("computed again"))
+    code, second, _ = run_cli("replay", src, "--json")
+    assert code == 0 and second == first  # from the cache, without opening the job
+    with pytest.raises(pytest.fail.Exception, match="computed again"):
+        run_cli("replay", src, "--json", "--no-cache")
+    with pytest.raises(pytest.fail.Exception, match="computed again"):
+        run_cli("replay", src, "--json", "--no-expand")
+    with pytest.raises(pytest.fail.Exception, match="computed again"):
+        run_cli("replay", src)  # the terminal summary is not cached
+    monkeypatch.setattr(dpro.job, "open_job", open_job)
+    code, uncached, _ = run_cli("replay", src, "--json", "--no-cache")
+    strip = lambda s: {k: v for k, v in orjson.loads(s).items() if k != "clock_alignment"}  # noqa: E731
+    assert strip(uncached) == strip(first)
+    f = sorted(src.iterdir())[0]
+    doc = orjson.loads(f.read_bytes())
+    for e in doc["traceEvents"]:
+        if e.get("name") == "aten::relu":
+            e["dur"] = e["dur"] * 3
+    f.write_bytes(orjson.dumps(doc))
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    code, changed, _ = run_cli("replay", src, "--json")
+    assert code == 0 and len(_results(cache_dir)) == 2 and strip(changed) != strip(first)
+    code, recomputed, _ = run_cli("replay", src, "--json", "--no-cache")
+    assert strip(changed) == strip(recomputed)
+
+
+def test_damaged_result_is_computed_again(run_cli, kineto_dir, cache_dir, caplog):
+    code, first, _ = run_cli("replay", kineto_dir, "--json")
+    (f,) = _results(cache_dir)
+    f.write_bytes(b'{"key": "another", "result": {}}')
+    with caplog.at_level(logging.WARNING, logger="dpro.gtrace.cache"):
+        code, again, _ = run_cli("replay", kineto_dir, "--json")
+    assert code == 0 and "unusable" in caplog.text
+    strip = lambda s: {k: v for k, v in orjson.loads(s).items() if k != "clock_alignment"}  # noqa: E731
+    assert strip(again) == strip(first)

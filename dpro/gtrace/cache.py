@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 #: bump when what an entry holds changes
 FORMAT = 1
 SIDECAR = "import.json"
+#: the subdirectory of the cached results (:meth:`TraceCache.load_result`)
+RESULTS = "results"
+#: the libraries whose versions a cached result depends on (besides dpro's own code)
+_RESULT_LIBS = ("numpy", "scipy", "cvxpy", "networkx", "orjson")
 
 
 def default_dir() -> Path:
@@ -64,6 +70,32 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def package_digest() -> str:
+    """SHA-256 of what an analysis's result depends on besides its input: all of dpro's
+    code (every module, the replay core's C source and the extension built from it), the
+    Python version and the installed numerical libraries (the path, size and mtime of each
+    one's ``__init__``: reading their versions costs more than a cached replay). Computed once."""
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(sys.version.encode())
+    for f in sorted(pkg.rglob("*")):
+        if f.suffix in (".py", ".c", ".so", ".pyd") and f.is_file():
+            h.update(str(f.relative_to(pkg)).encode())
+            h.update(f.read_bytes())
+    spec = importlib.util.find_spec("dpro.replayer._core")
+    if spec is not None and spec.origin and Path(spec.origin).is_file():  # the extension in use (editable installs)
+        h.update(Path(spec.origin).read_bytes())
+    for lib in _RESULT_LIBS:  # the installed copy of each (another version rewrites it), without importing it
+        spec = importlib.util.find_spec(lib)
+        origin = spec.origin if spec is not None else None
+        try:
+            st = os.stat(origin) if origin else None
+        except OSError:
+            st = None
+        h.update(f"{lib}={origin}:{st.st_size}:{st.st_mtime_ns}".encode() if st else f"{lib}=none".encode())
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class TraceCache:
     """The cache in directory ``root``."""
@@ -80,13 +112,53 @@ class TraceCache:
             h.update(orjson.dumps([str(f), st.st_size, st.st_mtime_ns]))
         return h.hexdigest()
 
-    def usable_for(self, inputs: Path) -> bool:
+    def usable_for(self, inputs: Path, *, quiet: bool = False) -> bool:
         """False when the cache would live inside ``inputs`` (it never writes there)."""
         root, inp = self.root.resolve(), inputs.resolve()
         inside = root == inp or inp in root.parents
-        if inside:
+        if inside and not quiet:
             log.warning("trace cache %s is inside the input %s: not used", root, inp)
         return not inside
+
+    def result_key(self, trace_key: str, what: str, options: dict) -> str:
+        """The name of the cached result ``what`` (e.g. ``"replay"``) of the trace imported
+        under ``trace_key``, computed with ``options`` (JSON-able) by this dpro
+        (:func:`package_digest`)."""
+        h = hashlib.sha256()
+        h.update(orjson.dumps({"format": FORMAT, "trace": trace_key, "what": what, "code": package_digest(),
+                               "options": options}, option=orjson.OPT_SORT_KEYS))
+        return h.hexdigest()
+
+    def load_result(self, key: str) -> dict | None:
+        """The result stored under ``key`` (:meth:`result_key`), or None."""
+        f = self.root / RESULTS / f"{key}.json"
+        try:
+            d = orjson.loads(f.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as e:
+            log.warning("cached result %s unusable (%s): computing again", f, e)
+            return None
+        if not isinstance(d, dict) or d.get("key") != key or not isinstance(d.get("result"), dict):
+            log.warning("cached result %s unusable (not the result of this key): computing again", f)
+            return None
+        log.info("result cache: loaded %s", f)
+        return d["result"]
+
+    def store_result(self, key: str, result: dict) -> None:
+        """Store ``result`` (JSON-able) under ``key``, atomically; a failure is logged, not raised."""
+        d = self.root / RESULTS
+        tmp = d / f"{key}.json.{os.getpid()}.tmp"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(orjson.dumps({"key": key, "result": result}, option=orjson.OPT_SERIALIZE_NUMPY))
+            tmp.replace(d / f"{key}.json")
+        except (OSError, TypeError, orjson.JSONEncodeError) as e:
+            log.warning("result cache: cannot store %s (%s)", d / f"{key}.json", e)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key

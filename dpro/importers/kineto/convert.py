@@ -22,7 +22,7 @@ from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, check_ran
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import (
-    CPU_CATS, CommInfo, Seg, cpu_segments, find_steps, gpu_segments, is_comm_kernel, step_markers,
+    CommInfo, Seg, cpu_segments, cpu_threads, find_steps, gpu_segments, is_comm_kernel, step_markers,
 )
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,10 @@ def _main_tid(rf: RankFile) -> object:
     marks, on_cpu = step_markers(rf)
     if on_cpu:
         return marks[0].tid
-    for cats in (("cpu_op",), tuple(CPU_CATS)):
-        counts = Counter(e.tid for e in rf.events if e.cat in cats)
-        if counts:
-            return counts.most_common(1)[0][0]
-    return None
+    counts = Counter(e.tid for e in rf.events if e.cat == "cpu_op")
+    if not counts:  # every CPU-side event, python frames included, threads in file order
+        counts = Counter({t: len(evs) + len(rf.python.get(t, ())) for t, evs in cpu_threads(rf).items()})
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def _assign_steps(segs: list[Seg], steps: dict[int, tuple[float, float]]) -> None:
@@ -143,8 +142,7 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
         notes.append(f"{rf.path.name}: no CPU-side ProfilerStep spans; steps taken from the GPU timeline's "
                      f"ProfilerStep annotations (gpu_user_annotation)")
     if not steps:
-        t0 = min(e.ts for e in rf.events)
-        t1 = max(e.ts + e.dur for e in rf.events)
+        t0, t1 = rf.time_span()
         steps = {0: (t0, t1)}
         notes.append(f"{rf.path.name}: no ProfilerStep markers; the whole trace is one step")
     main_tid = _main_tid(rf)

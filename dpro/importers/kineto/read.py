@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,32 @@ class KEvent:
     args: dict | None = None
 
 
+#: names a ``python_function`` frame must not start with to be kept as :class:`PyFrames`
+#: only: the names the converter reads (steps, collectives, DDP buckets, layers)
+PY_NAMES_READ = ("ProfilerStep#", "c10d::", "nccl:", "record_param_comms", "gloo:", "dpro.")
+
+
+@dataclass(slots=True)
+class PyFrames:
+    """One thread's ``python_function`` frames, reduced to what the converter uses of them:
+    their times (µs, as read; ``end = ts + dur``) and where the thread first appears.
+
+    The Python tracer writes most of a trace's events (90 % of an H100 TimeSformer trace),
+    and the converter treats a frame as transparent context (docs/kineto.md); a frame with
+    a kept arg (:data:`KEPT_ARGS`) or a name the converter reads (:data:`PY_NAMES_READ`) is
+    kept as a :class:`KEvent` instead. ``segments.cpu_segments`` checks that dropping them
+    leaves each thread's tree as it was, and puts them back where it would not.
+    """
+
+    ts: array
+    dur: array
+    #: the number of KEvents kept before this thread's first frame
+    first: int
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
 @dataclass
 class RankFile:
     """One rank's Kineto trace as loaded from disk: its complete events, compact."""
@@ -62,6 +89,17 @@ class RankFile:
     meta: dict = field(default_factory=dict)
     #: events whose legacy category (``LEGACY_CATS``) was read as its modern name
     legacy: int = 0
+    #: the python_function frames not kept as events, per thread (:class:`PyFrames`)
+    python: dict = field(default_factory=dict)
+
+    def time_span(self) -> tuple[float, float]:
+        """(first start, last end) of every complete event, python frames included."""
+        import numpy as np
+
+        frames = [(np.frombuffer(f.ts), np.frombuffer(f.dur)) for f in self.python.values()]
+        starts = [e.ts for e in self.events] + [float(ts.min()) for ts, _ in frames]
+        ends = [e.ts + e.dur for e in self.events] + [float((ts + dur).max()) for ts, dur in frames]
+        return min(starts), max(ends)
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -119,6 +157,7 @@ class _Collector:
 
     def reset(self) -> None:
         self.events: list[KEvent] = []
+        self.python: dict[object, PyFrames] = {}
         self.index = 0  # of the next raw event in traceEvents
         self.legacy = 0
         self.has_op = False
@@ -134,6 +173,7 @@ class _Collector:
         """Check and keep ``batch`` (raw events), whose first is ``traceEvents[self.index]``."""
         shared, out, num, ids = self._strings.setdefault, self.events, _NUM_TYPES, _ID_TYPES
         same_args = self._args.setdefault
+        python, kept, py_read = self.python, KEPT_ARGS, PY_NAMES_READ
         i = self.index - 1
         for e in batch:
             i += 1
@@ -147,6 +187,16 @@ class _Collector:
                 self._check(i, e)
             name = e.get("name", "")
             cat = e.get("cat")
+            if cat == "python_function" and type(name) is str and not name.startswith(py_read) and (
+                    not args or args.keys().isdisjoint(kept)):
+                f = python.get(tid)
+                if f is None:
+                    f = python[tid] = PyFrames(array("d"), array("d"), len(out))
+                    if not self.has_op:
+                        self.cats.add(cat)
+                f.ts.append(ts)
+                f.dur.append(dur)
+                continue
             if cat is not None:
                 if type(cat) is not str:
                     cat = str(cat)
@@ -208,7 +258,7 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
         d = {}
     if not isinstance(d, dict) or not found:
         raise DproInputError(path, "not a Chrome trace (no 'traceEvents' list)")
-    if not c.events:
+    if not c.events and not c.python:
         raise DproInputError(path, "empty trace: no complete ('X') events")
     if not c.has_op:
         raise DproInputError(
@@ -241,6 +291,7 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
         events=c.events,
         meta={k: d[k] for k in ("deviceProperties", "host_name", "distributedInfo") if k in d},
         legacy=c.legacy,
+        python=c.python,
     )
 
 

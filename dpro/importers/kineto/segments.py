@@ -11,13 +11,18 @@ dependency pass can join it to what it launched or waited for.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
-from dpro.importers.kineto.read import KEvent, RankFile
+from dpro.importers.kineto.read import KEvent, PyFrames, RankFile
+
+if TYPE_CHECKING:  # numpy is imported where the frames are checked: not at the CLI's start-up
+    import numpy as np
 
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "Runtime"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
@@ -260,12 +265,66 @@ def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
     return steps
 
 
-def _build_trees(evs: list[KEvent]) -> list[_Ev]:
-    """Nest one thread's events by time; returns the roots."""
-    items = sorted(
-        (_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or _NO_ARGS) for e in evs),
-        key=lambda x: (x.ts, -x.end),
-    )
+def _min_open_end(spans: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """The step function ``f(t) = min{end : ts <= t < end}`` over ``spans`` (inf where none
+    is open): breakpoints ``b`` (sorted) and values ``v``, ``f(t) = v[k]`` for ``b[k] <= t <
+    b[k+1]``."""
+    import numpy as np
+
+    spans = sorted(spans)
+    times = sorted({t for sp in spans for t in sp})
+    heap: list[float] = []
+    vals: list[float] = []
+    j, n = 0, len(spans)
+    for b in times:
+        while j < n and spans[j][0] <= b:
+            heapq.heappush(heap, spans[j][1])
+            j += 1
+        while heap and heap[0] <= b:
+            heapq.heappop(heap)
+        vals.append(heap[0] if heap else np.inf)
+    return np.array(times, dtype=float), np.array(vals, dtype=float)
+
+
+def _frames_needed(evs: list[_Ev], py: PyFrames) -> np.ndarray:
+    """The python frames of ``py`` (indices) without which the tree of one thread's events
+    ``evs`` would not be the same to the converter; usually none or a few.
+
+    A frame is transparent context (``cpu_segments`` and ``_cut`` look through it), so the
+    tree without a set D of frames is the tree with them with each frame of D replaced by
+    its children, unless a frame of D outlives a kept event open where the frame starts
+    (``x.ts <= frame.ts < x.end < frame.end``; e.g. a record_function's own Python exit
+    frames, recorded past its ``user_annotation``): later events could then nest under the
+    frame, inside ``x``'s subtree, where without it they are siblings of ``x``. (The
+    builder's stack is a root-to-leaf path: an event's nearest kept ancestor is the same in
+    both trees when no frame of D ends later than a kept event open at its start.) So the
+    frames that do are kept, and the check is repeated with them until none is left.
+    """
+    import numpy as np
+
+    ts = np.frombuffer(py.ts, dtype=float)
+    end = ts + np.frombuffer(py.dur, dtype=float)
+    keep = np.zeros(len(ts), dtype=bool)
+    spans = [(x.ts, x.end) for x in evs]
+    while spans:
+        b, v = _min_open_end(spans)
+        k = np.searchsorted(b, ts, side="right") - 1
+        bad = (end > np.where(k >= 0, v[np.maximum(k, 0)], np.inf)) & ~keep
+        if not bad.any():
+            break
+        keep |= bad
+        spans += zip(ts[bad].tolist(), end[bad].tolist())
+    return np.flatnonzero(keep)
+
+
+def _build_trees(evs: list[KEvent], py: PyFrames | None = None) -> list[_Ev]:
+    """Nest one thread's events by time; returns the roots. ``py``: the thread's python
+    frames, of which only those are put in the tree that change it (:func:`_frames_needed`)."""
+    items = [_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or _NO_ARGS) for e in evs]
+    if py is not None and len(py):
+        items += [_Ev("python_function", "python_function", py.ts[i], py.ts[i] + py.dur[i], _NO_ARGS)
+                  for i in _frames_needed(items, py).tolist()]
+    items.sort(key=lambda x: (x.ts, -x.end))
     roots: list[_Ev] = []
     stack: list[_Ev] = []
     for x in items:
@@ -274,6 +333,25 @@ def _build_trees(evs: list[KEvent]) -> list[_Ev]:
         (stack[-1].children if stack else roots).append(x)
         stack.append(x)
     return roots
+
+
+def cpu_threads(rf: RankFile) -> dict[object, list[KEvent]]:
+    """Each thread's CPU-side events (:data:`CPU_CATS`), the threads in the order of their
+    first CPU-side event in the file, python frames (``rf.python``) included: a thread of
+    python frames alone has an empty list."""
+    by_tid: dict[object, list[KEvent]] = {}
+    first: dict[object, float] = {}
+    for k, e in enumerate(rf.events):
+        if e.cat in CPU_CATS:
+            evs = by_tid.get(e.tid)
+            if evs is None:
+                evs = by_tid[e.tid] = []
+                first[e.tid] = k
+            evs.append(e)
+    for tid, f in rf.python.items():  # a frame counted f.first kept events before it: it came first
+        if tid not in first or f.first <= first[tid]:
+            first[tid] = f.first - 0.5
+    return {t: by_tid.get(t, []) for t in sorted(first, key=first.__getitem__)}
 
 
 def _context_cat(names: list[str]) -> str:
@@ -401,16 +479,18 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
 
     Returns (cpu segments, gloo-style collective segments in start order).
     """
-    by_tid: dict[object, list[KEvent]] = {}
-    for e in rf.events:
-        if e.cat in CPU_CATS:
-            by_tid.setdefault(e.tid, []).append(e)
+    by_tid = cpu_threads(rf)
+
+    def start(t: object) -> float:
+        f = rf.python.get(t)
+        return min([e.ts for e in by_tid[t]] + ([min(f.ts)] if f is not None else []))
+
     thread_names: dict[object, str] = {}
-    order = ([main_tid] if main_tid in by_tid else []) + sorted((t for t in by_tid if t != main_tid), key=lambda t: min(e.ts for e in by_tid[t]))
+    order = ([main_tid] if main_tid in by_tid else []) + sorted((t for t in by_tid if t != main_tid), key=start)
     segs: list[Seg] = []
     comm: list[Seg] = []
     for tid in order:
-        roots = _build_trees(by_tid[tid])
+        roots = _build_trees(by_tid[tid], rf.python.get(tid))
 
         def visit(x: _Ev, ctx: list[str], dev: str) -> None:
             if x.cat == "user_annotation" or _STEP_RE.match(x.name):
