@@ -105,9 +105,15 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
     import dpro
 
     trace = out / f"prof_{strategy.replace('+', '_')}_{n}"
-    subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
-                    *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)],
-                   cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    for attempt in (1, 2):  # a second try, on another port: a launch seldom fails (port taken meanwhile)
+        cmd = [sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
+               *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)]
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+        if p.returncode == 0:
+            break
+        print(f"# profile of {strategy} x{n} failed (try {attempt}): {p.stderr.strip()[-600:]}", file=sys.stderr)
+    else:
+        raise SystemExit(f"failed: {' '.join(cmd)}")
     r = dpro.open(trace).replay()
     b = r.breakdown_us
     compute = sum(b.get(k, 0.0) for k in ("FW", "BW", "UPDATE", "OTHER", "host_gap"))
