@@ -105,7 +105,8 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
     import dpro
 
     trace = out / f"prof_{strategy.replace('+', '_')}_{n}"
-    for attempt in (1, 2):  # a second try, on another port: a launch seldom fails (port taken meanwhile)
+    for attempt in (1, 2):  # a second try (new port): a profiled launch seldom fails (seen: a collective
+        # missing from one rank's recorded trace, dpro profile exit 2)
         cmd = [sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
                *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)]
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
