@@ -311,7 +311,11 @@ def main() -> None:
     rows = []
     print(f"# {len(jobs)} jobs, k={a.k}, variants {', '.join(variants)}; "
           f"{os.cpu_count()} CPUs; in-window / whole-run overhead vs dpro off (medians over runs)", flush=True)
-    with ps_jobs.work_dir(a.keep, "dpro-overhead-") as tmp:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "whatif"))
+    from boost import boosted
+
+    with boosted() as on, ps_jobs.work_dir(a.keep, "dpro-overhead-") as tmp:
+        print(f"# measured jobs boosted (autogroup nice, benchmarks/whatif/boost.py): {'yes' if on else 'no'}", flush=True)
         for job in jobs:
             runs: list[Run] = []
             net_cm = (NetnsCluster(job.workers, job.cap) if job.net == "cap" and job.path in ("ddp", "hvd")
