@@ -18,7 +18,9 @@ import statistics
 from pathlib import Path
 
 import pytest
-from test_corpus import cpu_steps, replay_json
+from test_corpus import replay_json  # (it puts benchmarks/fidelity on sys.path)
+
+from kineto_steps import cpu_steps  # noqa: E402  (the one ProfilerStep reader)
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_h200"
 
