@@ -255,3 +255,41 @@ def test_peer_candidates_map_group_ranks_through_the_groups():
     assert peer_candidates(0, 1, None, [world, (0, 1)]) == (0,)  # same in both groups
     assert peer_candidates(3, 1, None, [world, (0, 1)]) == (3,)  # only a world rank
     assert peer_candidates(3, 1, None, []) == (3,)  # no pg_config: a global rank, as before
+
+
+def test_nccl_send_recv_in_a_named_subgroup(tmp_path):
+    """NCCL point-to-point in the subgroup {2, 3} of a 4-rank job (hand-written: no GPU here):
+    c10d records the peers as group ranks (rank 2 sends to "1", rank 3 receives from "0"),
+    and ``nccl:send`` / ``nccl:recv`` name the group's ranks (``Process Group Ranks``), which
+    map them to the global ranks 3 and 2 with no guess. Only ranks 2 and 3 are present: the
+    transfer still joins, its group being whole."""
+    def kern(ts, dur, corr):
+        return X("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "kernel", ts, dur, tid=20, pid=0, device=0,
+                 stream=20, correlation=corr)
+
+    def launch(ts, corr):
+        return X("cudaLaunchKernel", "cuda_runtime", ts, 5, correlation=corr)
+
+    dims = {"Input Dims": [[[1024, 256]], [], [], []], "Input type": ["TensorList", "", "Scalar", "Scalar"]}
+    pg = {"Input Dims": [[1024, 256]], "Input type": ["float"], "Process Group Ranks": "[2, 3]"}
+    r2 = [X("ProfilerStep#1", "user_annotation", 0, 600),
+          X("c10d::send", "cpu_op", 60, 50, **dims, **{"Concrete Inputs": ["", "", "1", "0"]}),
+          X("nccl:send", "cpu_op", 65, 40, **pg), launch(70, 2), kern(80, 400, 2)]
+    r3 = [X("ProfilerStep#1", "user_annotation", 0, 600),
+          X("c10d::recv_", "cpu_op", 10, 50, **dims, **{"Concrete Inputs": ["", "", "0", "0"]}),
+          X("nccl:recv", "cpu_op", 15, 40, **pg), launch(20, 1), kern(30, 450, 1)]
+    d = tmp_path / "job"
+    d.mkdir()
+    for r, evs in ((2, r2), (3, r3)):
+        info = {"rank": r, "world_size": 4, "backend": "nccl",
+                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+                              {"pg_name": "2", "pg_desc": "undefined", "ranks": [2, 3]}]}
+        (d / f"rank{r}.json").write_text(__import__("json").dumps({"traceEvents": evs, "distributedInfo": info}))
+    gt = import_kineto(d, progress=False)
+    ops = {(n, o.sub_op): o for n, o in comm_ops(gt)}
+    assert set(ops) == {("worker2", "SEND"), ("worker3", "RECV")}
+    assert ops[("worker2", "SEND")].txn == ops[("worker3", "RECV")].txn == "p2p/2->3/tag0.0"
+    assert ops[("worker2", "SEND")].group == ops[("worker3", "RECV")].group == (2, 3)
+    assert not any("a group rank" in n for n in gt.notes)  # named, not chosen by the join
+    res = replay(gt)
+    assert res.build.expanded == 1 and len(cross_rank_links(res)) == 1
