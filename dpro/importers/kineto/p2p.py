@@ -87,6 +87,7 @@ def resolve_open(nodes: dict[int, object], notes: list[str]) -> None:
                 ops_of[r].add((kind, peer, int(txn.split("/tag")[1].split(".")[0])))
         for o in opens[r]:
             ops_of[r].update((o.kind, c, o.tag) for c in o.candidates)
+    chosen: list[str] = []
     for r, nt in nodes.items():
         for o in opens[r]:
             fits = [c for c in o.candidates if c in nodes and _matches(ops_of, r, o.kind, c, o.tag)]
@@ -104,5 +105,7 @@ def resolve_open(nodes: dict[int, object], notes: list[str]) -> None:
                 if (op.txn or "").startswith(o.key + "."):
                     op.txn = key + op.txn[len(o.key):]
                     op.group = tuple(sorted((r, fits[0])))
-            notes.append(f"{what} goes to global rank {fits[0]} (the only candidate of "
-                         f"{list(o.candidates)} whose trace has the matching transfer)")
+            chosen.append(f"rank {r}'s {o.kind} peer {o.raw_peer} is rank {fits[0]}")
+    if chosen:
+        notes.append("send/recv peers recorded as ranks in an unnamed process group, each mapped to the only "
+                     "candidate global rank whose trace has the matching transfer: " + "; ".join(chosen))
