@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dpro.gtrace.schema import NodeTrace
+
 #: the transaction-id prefix of a transfer whose peer the join has yet to choose
 OPEN_P2P = "p2p?/"
 #: NodeTrace.meta key of a rank's open transfers (removed by :func:`resolve_open`)
@@ -69,17 +71,17 @@ def _matches(ops_of: dict[int, set[tuple[str, int, int]]], rank: int, kind: str,
     return (other, rank, tag) in ops_of.get(peer, set())
 
 
-def resolve_open(nodes: dict[int, object], notes: list[str]) -> None:
+def resolve_open(nodes: dict[int, NodeTrace], notes: list[str]) -> None:
     """Choose the peer of every open transfer across the imported ranks (``nodes``: rank ->
     NodeTrace), rewriting the transaction ids and groups of its ops; unresolved ones
     stay unlinked, with a note."""
-    opens = {r: nt.meta.pop(OPEN_META, []) for r, nt in nodes.items()}  # type: ignore[attr-defined]
+    opens = {r: nt.meta.pop(OPEN_META, []) for r, nt in nodes.items()}
     if not any(opens.values()):
         return
     # (kind, possible peer, tag) of every transfer of every rank
     ops_of: dict[int, set[tuple[str, int, int]]] = {r: set() for r in nodes}
     for r, nt in nodes.items():
-        for op in nt.ops.values():  # type: ignore[attr-defined]
+        for op in nt.ops.values():
             txn = op.txn or ""
             if txn.startswith("p2p/") and op.sub_op in ("SEND", "RECV") and op.group:
                 kind = "send" if op.sub_op == "SEND" else "recv"
@@ -91,7 +93,7 @@ def resolve_open(nodes: dict[int, object], notes: list[str]) -> None:
     for r, nt in nodes.items():
         for o in opens[r]:
             fits = [c for c in o.candidates if c in nodes and _matches(ops_of, r, o.kind, c, o.tag)]
-            taken = {op.txn.rsplit(".", 1)[0] for op in nt.ops.values()  # type: ignore[attr-defined]
+            taken = {op.txn.rsplit(".", 1)[0] for op in nt.ops.values()
                      if (op.txn or "").startswith("p2p/")}
             what = f"rank {r}'s {o.kind} with peer {o.raw_peer} (a group rank) and tag {o.tag}"
             if len(fits) != 1 or p2p_key(o.kind, r, fits[0], o.tag) in taken:
@@ -101,7 +103,7 @@ def resolve_open(nodes: dict[int, object], notes: list[str]) -> None:
                              + ": its process group is unknown; not linked (keeps its measured duration)")
                 continue
             key = p2p_key(o.kind, r, fits[0], o.tag)
-            for op in nt.ops.values():  # type: ignore[attr-defined]
+            for op in nt.ops.values():
                 if (op.txn or "").startswith(o.key + "."):
                     op.txn = key + op.txn[len(o.key):]
                     op.group = tuple(sorted((r, fits[0])))
