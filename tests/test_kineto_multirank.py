@@ -5,7 +5,8 @@ and point-to-point pipelines join into one global DFG.
 ``tests/data/kineto_multirank/tp_dp``: 4 ranks, TP pair groups {0,1},{2,3} (a forward
 all-reduce per layer) and DP pair groups {0,2},{1,3} (a gradient all-reduce per tensor),
 6 profiled steps. ``pipeline``: a 4-stage pipeline, 4 micro-batches, dist.send/recv of
-activations and gradients, 6 profiled steps. Both recorded on the shared, loaded 2-core
+activations and gradients, 6 profiled steps. ``p2p_groups``: send/recv inside 2-rank
+subgroups {0,1} and {2,3} (peers recorded as group ranks), 4 profiled steps. All recorded on the shared, loaded 2-core
 machine (niced), so steps vary a lot (see docs/fidelity.md); the prediction tests use the
 bounds the recordings defend.
 """
@@ -199,3 +200,96 @@ def test_odd_distributed_info_and_p2p_arguments_are_ignored():
                  {"Concrete Inputs": ["", "", None, "0"]}, {"Concrete Inputs": ["", ""]}):
         assert p2p_of("c10d::recv_", args) is None
     assert p2p_of("c10d::allreduce_", {"Concrete Inputs": ["", "", "1", "0"]}) is None
+
+
+def test_p2p_in_subgroups_reads_the_peer_as_a_group_rank():
+    """tests/data/kineto_multirank/p2p_groups (examples/kineto_multirank/p2p_groups.py): pair
+    groups {0,1} and {2,3}, send/recv inside each pair, then an all-reduce in the pair. c10d
+    records rank 2's send to global rank 3 as "send to 1" (its rank in {2,3}), so read as a
+    global rank it would link 2 -> 1."""
+    gt, res = job("p2p_groups")
+    ends = defaultdict(dict)
+    for n, o in comm_ops(gt):
+        if o.sub_op in ("SEND", "RECV"):
+            ends[o.txn][o.sub_op] = n
+            assert o.group == ((0, 1) if n in ("worker0", "worker1") else (2, 3)), (n, o)
+        else:
+            assert o.sub_op == "ALLREDUCE" and o.txn.startswith("g" + "-".join(map(str, o.group)) + "/")
+    assert ends == {f"p2p/{s}->{d}/tag0.0": {"SEND": f"worker{s}", "RECV": f"worker{d}"}
+                    for s, d in ((0, 1), (1, 0), (2, 3), (3, 2))}
+    assert any("rank 2's send peer 1 is rank 3; rank 2's recv peer 1 is rank 3" in n for n in gt.notes)
+    # 4 transfers and the 2 pairs' all-reduces, each on its own pair's links
+    assert res.build.expanded == 6 and res.build.kept_coarse == 0
+    links = {res.graph.devices[d] for d in set(res.graph.device.tolist()) if res.graph.devices[d].startswith("link:")}
+    assert links == {"link:0->1", "link:1->0", "link:2->3", "link:3->2"}
+    assert len(cross_rank_links(res)) >= 4
+
+
+def test_p2p_in_subgroups_with_the_peer_absent_is_not_linked(tmp_path):
+    """Without rank 3, rank 2's transfers may go to rank 1 (world group) or 3 (its pair):
+    rank 1's trace has no transfer with rank 2, rank 3 is absent, so they stay unlinked."""
+    import shutil
+
+    for r in (0, 1, 2):
+        shutil.copy(DATA / "p2p_groups" / f"rank{r}.json.gz", tmp_path)
+    gt = import_kineto(tmp_path, progress=False)
+    w2 = [o for o in gt.nodes["worker2"].ops.values() if o.sub_op in ("SEND", "RECV")]
+    assert len(w2) == 2 and all(o.group is None and not o.txn.startswith("p2p/") for o in w2)
+    assert any("rank 2's send with peer 1 (a group rank) and tag 0 may go to global rank 1 or 3 (rank 3 absent)"
+               in n for n in gt.notes)
+    # the pair {0,1} is whole and still joined
+    w0 = {o.txn for o in gt.nodes["worker0"].ops.values() if o.sub_op in ("SEND", "RECV")}
+    assert w0 == {"p2p/0->1/tag0.0", "p2p/1->0/tag0.0"}
+    res = replay(gt)
+    assert res.predicted_iteration_us > 0
+
+
+def test_peer_candidates_map_group_ranks_through_the_groups():
+    from dpro.importers.kineto.p2p import peer_candidates
+
+    world, pair = (0, 1, 2, 3), (2, 3)
+    assert peer_candidates(1, 2, pair, [world, pair]) == (3,)  # the call's group named (NCCL)
+    assert peer_candidates(0, 3, pair, []) == (2,)
+    assert peer_candidates(5, 3, pair, []) == () and peer_candidates(1, 3, pair, []) == ()  # out of range, itself
+    assert peer_candidates(1, 2, None, [world, pair]) == (1, 3)  # the join chooses
+    assert peer_candidates(0, 1, None, [world, (0, 1)]) == (0,)  # same in both groups
+    assert peer_candidates(3, 1, None, [world, (0, 1)]) == (3,)  # only a world rank
+    assert peer_candidates(3, 1, None, []) == (3,)  # no pg_config: a global rank, as before
+
+
+def test_nccl_send_recv_in_a_named_subgroup(tmp_path):
+    """NCCL point-to-point in the subgroup {2, 3} of a 4-rank job (hand-written: no GPU here):
+    c10d records the peers as group ranks (rank 2 sends to "1", rank 3 receives from "0"),
+    and ``nccl:send`` / ``nccl:recv`` name the group's ranks (``Process Group Ranks``), which
+    map them to the global ranks 3 and 2 with no guess. Only ranks 2 and 3 are present: the
+    transfer still joins, its group being whole."""
+    def kern(ts, dur, corr):
+        return X("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "kernel", ts, dur, tid=20, pid=0, device=0,
+                 stream=20, correlation=corr)
+
+    def launch(ts, corr):
+        return X("cudaLaunchKernel", "cuda_runtime", ts, 5, correlation=corr)
+
+    dims = {"Input Dims": [[[1024, 256]], [], [], []], "Input type": ["TensorList", "", "Scalar", "Scalar"]}
+    pg = {"Input Dims": [[1024, 256]], "Input type": ["float"], "Process Group Ranks": "[2, 3]"}
+    r2 = [X("ProfilerStep#1", "user_annotation", 0, 600),
+          X("c10d::send", "cpu_op", 60, 50, **dims, **{"Concrete Inputs": ["", "", "1", "0"]}),
+          X("nccl:send", "cpu_op", 65, 40, **pg), launch(70, 2), kern(80, 400, 2)]
+    r3 = [X("ProfilerStep#1", "user_annotation", 0, 600),
+          X("c10d::recv_", "cpu_op", 10, 50, **dims, **{"Concrete Inputs": ["", "", "0", "0"]}),
+          X("nccl:recv", "cpu_op", 15, 40, **pg), launch(20, 1), kern(30, 450, 1)]
+    d = tmp_path / "job"
+    d.mkdir()
+    for r, evs in ((2, r2), (3, r3)):
+        info = {"rank": r, "world_size": 4, "backend": "nccl",
+                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+                              {"pg_name": "2", "pg_desc": "undefined", "ranks": [2, 3]}]}
+        (d / f"rank{r}.json").write_text(__import__("json").dumps({"traceEvents": evs, "distributedInfo": info}))
+    gt = import_kineto(d, progress=False)
+    ops = {(n, o.sub_op): o for n, o in comm_ops(gt)}
+    assert set(ops) == {("worker2", "SEND"), ("worker3", "RECV")}
+    assert ops[("worker2", "SEND")].txn == ops[("worker3", "RECV")].txn == "p2p/2->3/tag0.0"
+    assert ops[("worker2", "SEND")].group == ops[("worker3", "RECV")].group == (2, 3)
+    assert not any("send/recv peers" in n or "a group rank" in n for n in gt.notes)  # named, not chosen by the join
+    res = replay(gt)
+    assert res.build.expanded == 1 and len(cross_rank_links(res)) == 1

@@ -17,7 +17,8 @@ from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.kineto import deps
 from dpro.executor import Mapper
 from dpro.importers.kineto.pool import default_mapper
-from dpro.importers.kineto.groups import assign_gloo_groups
+from dpro.importers.kineto.groups import _rank_groups, assign_gloo_groups
+from dpro.importers.kineto.p2p import OPEN_META, OpenP2P, p2p_key, peer_candidates, resolve_open
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, check_rank_pattern, load_rank_file, trace_files
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
 from dpro.progress import progress_bar
@@ -395,18 +396,30 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     for p in pairs:
         per_step_pairs[p[1].step].append(p)
     bucket_of: dict[int, int] = {}
-    several = len({_pg_key(c) for _, c in pairs if c.p2p is None}) > 1
+    pg_keys = {_pg_key(c) for _, c in pairs if c.p2p is None}
+    # a rank in one subgroup only (pairs {0,1} and {2,3}): numbered per group as well, or
+    # the two groups' collectives would share transaction ids across the job
+    subgroup = any(c.group and rf.world_size and len(c.group) < rf.world_size for _, c in pairs if c.p2p is None)
+    several = len(pg_keys) > 1 or subgroup
+    groups = [ranks for _, ranks, _ in _rank_groups(rf.meta.get("distributedInfo"))]
+    open_p2p: dict[str, OpenP2P] = {}
     for st, ps in per_step_pairs.items():
         seq: Counter = Counter()
         p2p = [p for p in ps if p[1].p2p is not None]
         ps = [p for p in ps if p[1].p2p is None]
         for issue, c in p2p:  # the k-th transfer from src to dst (with its tag) in the step, on both ranks
-            kind, peer, tag = c.p2p  # type: ignore[misc]
-            key = f"p2p/{rf.rank}->{peer}" if kind == "send" else f"p2p/{peer}->{rf.rank}"
-            key += f"/tag{tag}"
+            kind, raw, tag = c.p2p  # type: ignore[misc]
+            # the recorded peer is a rank in the call's group (dpro/importers/kineto/p2p.py)
+            cands = peer_candidates(raw, rf.rank, c.group, groups)
+            if len(cands) == 1:
+                key = p2p_key(kind, rf.rank, cands[0], tag)
+                c.group = tuple(sorted((rf.rank, cands[0])))
+            else:  # chosen across ranks by the join (p2p.resolve_open)
+                o = OpenP2P(kind, raw, tag, cands)
+                open_p2p[o.key] = o
+                key, c.group = o.key, None
             txn_of[id(c)] = f"{key}.{seq[key]}"
             seq[key] += 1
-            c.group = tuple(sorted((rf.rank, peer)))
         for j, (issue, c) in enumerate(ps):
             if several:  # each process group numbers its own collectives (its sequence number)
                 key = _pg_key(c)
@@ -455,6 +468,8 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
     shapes = layer_shapes(rf)
     if shapes:  # the layers' input shapes, for the oracle (dpro/importers/kineto/shapes.py)
         nt.meta[LAYER_SHAPES] = shapes
+    if open_p2p:  # removed by join_ranks
+        nt.meta[OPEN_META] = list(open_p2p.values())
     edge_set: set[tuple[str, str]] = set()
     # Edges from every kept step, but only those that go forward in the first kept step's
     # timeline (and a sync's wait for a GPU op that started inside it): heuristic edges that
@@ -620,6 +635,7 @@ def join_ranks(path: Path, results: list[RankResult]) -> GTrace:
             )
     results = sorted(results, key=lambda r: r.rank)
     notes = [n for r in results for n in r.notes]
+    resolve_open({r.rank: r.node for r in results}, notes)
     nodes = {r.node.info.name: r.node for r in results}
     world = max([r.world_size or 0 for r in results] + [max(r.rank for r in results) + 1])
     backend = next((r.backend for r in results if r.backend), None) or ("nccl" if any(
