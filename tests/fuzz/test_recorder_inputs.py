@@ -2,8 +2,9 @@
 directory, a full disk. A real PyTorch training loop runs under dpro.Recorder each time: it
 must finish every step, and the recorder must say why it stopped, once.
 
-The full disk is a 16 KiB tmpfs when this process may mount one (root); otherwise a
-file-size rlimit (RLIMIT_FSIZE) on this process while the recorder writes, which fails the
+The full disk is a 4 KiB tmpfs (one page: this job's gzipped trace is ~8 KiB, so it never fits;
+at 16 KiB it fitted when it came out under 8 KiB) when this process may mount one (root); otherwise a
+4 KiB file-size rlimit (RLIMIT_FSIZE) on this process while the recorder writes, which fails the
 write the same way (EFBIG instead of ENOSPC), and the test says which one it used.
 """
 
@@ -97,7 +98,7 @@ def test_unwritable_trace_directory(where: str, window, tmp_path: Path, caplog) 
 def full_disk(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     mnt = tmp_path / "small"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)], capture_output=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(mnt)], capture_output=True)
     if r.returncode == 0:
         try:
             yield mnt, "tmpfs"
@@ -105,7 +106,7 @@ def full_disk(tmp_path: Path) -> Iterator[tuple[Path, str]]:
             subprocess.run(["umount", str(mnt)], check=False)
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4 * 1024, hard))
     try:
         yield mnt, "RLIMIT_FSIZE"
     finally:
