@@ -13,15 +13,12 @@ subgroups"). Recorded with plain torch.profiler, as a user would.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from harness import parser, record, spawn
 
 WORLD = 4
 
@@ -51,25 +48,15 @@ def worker(rank: int, args) -> None:
         dist.all_reduce(layer.bias.data, group=g)
 
     out = Path(args.out)
-    sched = schedule(wait=1, warmup=1, active=args.steps)
-    with profile(activities=[ProfilerActivity.CPU], schedule=sched, record_shapes=True,
-                 on_trace_ready=tensorboard_trace_handler(str(out / "trace"), worker_name=f"rank{rank}")) as prof:
-        for _ in range(2 + args.steps):
-            step()
-            prof.step()
+    record(step, out, rank, args.steps)
     dist.destroy_process_group()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=4, help="profiled (active) steps")
+    ap = parser(__doc__, steps=4, port=29541, timed=False)
     ap.add_argument("--d", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--port", type=int, default=29541)
-    args = ap.parse_args()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    mp.spawn(worker, args=(args,), nprocs=WORLD)
+    spawn(worker, ap.parse_args(), WORLD)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,12 @@ would; also times the same steps unprofiled with perf_counter (written to timing
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from harness import parser, record, spawn, time_unprofiled
 
 
 class TPBlock(torch.nn.Module):
@@ -62,39 +57,18 @@ def worker(rank: int, args) -> None:
         opt.step()
 
     out = Path(args.out)
-    sched = schedule(wait=1, warmup=1, active=args.steps)
-    with profile(activities=[ProfilerActivity.CPU], schedule=sched, record_shapes=True,
-                 on_trace_ready=tensorboard_trace_handler(str(out / "trace"), worker_name=f"rank{rank}")) as prof:
-        for _ in range(2 + args.steps):
-            step()
-            prof.step()
-    # the same job unprofiled, timed by its own clock (a harness that does not trust dpro)
-    times = []
-    for _ in range(args.timed):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1e6)
-    gathered = [None] * 4
-    dist.all_gather_object(gathered, times)
-    if rank == 0:
-        (out / "timing.json").write_text(json.dumps({"step_us_per_rank": gathered}))
+    record(step, out, rank, args.steps)
+    time_unprofiled(step, out, rank, 4, args.timed)  # the same job unprofiled, by its own clock
     dist.destroy_process_group()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=6, help="profiled (active) steps")
-    ap.add_argument("--timed", type=int, default=20, help="unprofiled steps timed by perf_counter")
+    ap = parser(__doc__, steps=6, port=29531)
     ap.add_argument("--d", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--port", type=int, default=29531)
-    args = ap.parse_args()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    mp.spawn(worker, args=(args,), nprocs=4)
+    spawn(worker, ap.parse_args(), 4)
 
 
 if __name__ == "__main__":
