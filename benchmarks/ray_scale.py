@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster")
     ap.add_argument("--address", default=None, help="a running cluster's address instead of a local one")
     ap.add_argument("--optimize", action="store_true", help="also time the optimizer's search, serial vs Ray")
+    ap.add_argument("--mappers", default="serial,pool,ray",
+                    help="which imports to time, comma-separated (serial, pool, ray); ratios need serial")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         start_local(num_cpus=a.cpus)
     start_s = time.perf_counter() - t0
-    mappers = {"serial": serial, "pool": ProcessPool(), "ray": RayMapper("auto")}
+    every = {"serial": serial, "pool": ProcessPool(), "ray": RayMapper("auto")}
+    mappers = {k: every[k] for k in a.mappers.split(",")}
     times: dict[str, list[float]] = {k: [] for k in mappers}
     ref = None
     for r in range(a.repeat):
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         for r in range(a.repeat):
             for name in (("serial", "ray") if r % 2 == 0 else ("ray", "serial")):
                 t0 = time.perf_counter()
-                res = job.optimize(budget_s=600, mapper=mappers[name])
+                res = job.optimize(budget_s=600, mapper=every[name])
                 opt[name].append(time.perf_counter() - t0)
                 found.setdefault(name, _found(res))
         if found["serial"] != found["ray"]:
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         imp = out["import_s"]
         print(f"{a.path.name}: Ray ({out['ray_cpus']:.0f} CPUs) started in {start_s:.1f} s; import medians of {a.repeat}: "
-              + ", ".join(f"{k} {v:.2f} s ({imp['serial'] / v:.2f}x serial)" for k, v in imp.items()))
+              + ", ".join(f"{k} {v:.2f} s" + (f" ({imp['serial'] / v:.2f}x serial)" if "serial" in imp else "")
+                        for k, v in imp.items()))
         if a.optimize:
             o = out["optimize_s"]
             print(f"  optimize ({out['optimize_evaluations']} candidate replays): serial {o['serial']:.2f} s, "
