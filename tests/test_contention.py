@@ -9,7 +9,7 @@ import pytest
 from dpro.graph.compiled import compile_graph
 from dpro.graph.intervals import overlap, union_length
 from dpro.gtrace.schema import NodeTrace
-from dpro.replayer.cpu_contention import CpuShare, measured_share, simulate_contended
+from dpro.replayer.cpu_contention import CpuShare, host_cpus, measured_share, simulate_contended
 
 
 def test_overlap_with_a_union_of_intervals():
@@ -60,6 +60,22 @@ def test_measured_share_from_the_recorder_facts():
     assert measured_share({**meta, "cpu": {"cores": 2, "threads": 2}}, 2, 25_000.0) is None  # not attributable
     assert measured_share({"cpu": meta["cpu"]}, 2, 25_000.0) is None  # an older trace
     assert measured_share(meta, 2, 0.0) is None
+
+
+def test_pinned_ranks_get_a_core_each():
+    """Two ranks pinned one per core each record one CPU; together they have the host's two,
+    so each gets one core (not 1 / 2), as two unpinned ranks on two cores do."""
+    after = {"process": 1_500_000.0, "thread": 1_200_000.0, "calls": 20}
+    pinned = [{"cpu": {"cores": 1, "affinity": [r], "threads": 1}, "cpu_after_us": after} for r in (0, 1)]
+    cpus = host_cpus(pinned)
+    assert cpus == 2
+    share = measured_share(pinned[0], 2, 25_000.0, cpus)
+    assert share == CpuShare(1.0, 1, pytest.approx(0.6))
+    # both ranks pinned to the same core: half a core each
+    same = [{"cpu": {"cores": 1, "affinity": [0], "threads": 1}, "cpu_after_us": after}] * 2
+    assert measured_share(same[0], 2, 25_000.0, host_cpus(same)).cores == 0.5
+    # one rank without the fact (an older recorder): the rank's own affinity stands for the host's
+    assert host_cpus([pinned[0], {"cpu": {"cores": 2, "threads": 1}}]) is None
 
 
 def _worker(rank: int, cpu: dict | None) -> NodeTrace:

@@ -36,7 +36,7 @@ from dpro.optimizer.ps.layout import PsLayout
 from dpro.optimizer.ps.layout import base_name as ps_base
 from dpro.optimizer.ps.layout import layout as ps_layout
 from dpro.optimizer.ps.layout import server_of as ps_server_of
-from dpro.replayer.cpu_contention import CpuShare, measured_share
+from dpro.replayer.cpu_contention import CpuShare, host_cpus, measured_share
 
 log = logging.getLogger(__name__)
 
@@ -359,8 +359,8 @@ def _contention(gt: GTrace, rep: NodeTrace, st: dict, steps: list[int], ops: dic
 
     per_step = [(spans(host, s), spans(comm, s)) for s in steps]
     busy = float(np.median([union_length(cs[~np.isnan(cs)], ce[~np.isnan(cs)]) for _, (cs, ce) in per_step]))
-    local = sum(1 for w in gt.workers() if w.info.host == rep.info.host)
-    share = measured_share(rep.meta, local, busy)
+    mates = [w for w in gt.workers() if w.info.host == rep.info.host]
+    share = measured_share(rep.meta, len(mates), busy, host_cpus([w.meta for w in mates]))
     if share is None or share.loss <= 0:
         return share, link, []
     o_host, o_comm = [], []

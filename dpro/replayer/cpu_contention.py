@@ -66,11 +66,28 @@ def simulate_contended(g: CompiledGraph, comp: np.ndarray, comm: np.ndarray, los
     return sched
 
 
-def measured_share(meta: dict, local_ranks: int, comm_busy_us: float) -> CpuShare | None:
+def host_cpus(metas: list[dict]) -> int | None:
+    """CPUs the ranks of one host may run on together: the union of their recorded affinity
+    sets (``meta["cpu"]["affinity"]``); None unless every rank recorded one. Ranks pinned one
+    per core each see a single CPU, yet the host gives them one core each, not half a core."""
+    union: set[int] = set()
+    for m in metas:
+        cpu = m.get("cpu") if isinstance(m, dict) else None
+        aff = cpu.get("affinity") if isinstance(cpu, dict) else None
+        if not isinstance(aff, list) or not aff or not all(isinstance(c, int) for c in aff):
+            return None
+        union.update(aff)
+    return len(union) or None
+
+
+def measured_share(meta: dict, local_ranks: int, comm_busy_us: float,
+                   host_cpus: int | None = None) -> CpuShare | None:
     """The rank's :class:`CpuShare` from its recorder facts (``meta["cpu"]``: cores and
     threads; ``meta["cpu_after_us"]``: process and training-thread CPU over the calls after
-    the window) and the wall time its collectives run per step. None where a fact is
-    missing (an older trace, a framework whose computation is not on the training thread)."""
+    the window) and the wall time its collectives run per step. ``host_cpus``: the CPUs the
+    host's ranks share (:func:`host_cpus`), else the rank's own affinity stands for the
+    host's. None where a fact is missing (an older trace, a framework whose computation is
+    not on the training thread)."""
     cpu, after = meta.get("cpu"), meta.get("cpu_after_us")
     if not isinstance(cpu, dict) or not isinstance(after, dict):
         return None
@@ -83,4 +100,5 @@ def measured_share(meta: dict, local_ranks: int, comm_busy_us: float) -> CpuShar
         # with several intra-op threads the other threads' CPU is not the collectives' alone
         return None
     kappa = max(0.0, (proc - thread) / calls) / comm_busy_us
-    return CpuShare(cores / max(1, local_ranks), threads, min(kappa, cores))
+    share = (float(host_cpus) if host_cpus else cores) / max(1, local_ranks)
+    return CpuShare(share, threads, min(kappa, cores))

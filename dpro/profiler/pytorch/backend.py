@@ -100,12 +100,12 @@ def _rank_world() -> tuple[int, int, str | None]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), None
 
 
-def _cores() -> int:
-    """CPUs this process may run on."""
+def _cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity set)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
 
 
 class TorchBackend:
@@ -288,7 +288,7 @@ class TorchBackend:
             MetaKey.MEMORY: self.memory.facts([self.buckets[k] for k in sorted(self.buckets)]),
             **({MetaKey.COMPILE: compiled} if compiled else {}),
             # the rank's CPUs and the computation's threads (dpro.replayer.cpu_contention)
-            MetaKey.CPU: {"cores": _cores(), "threads": torch.get_num_threads()},
+            MetaKey.CPU: {"cores": len(cpus := _cpus()), "affinity": cpus, "threads": torch.get_num_threads()},
             # wall µs of each call of the step function, warm-up and window (dpro.graph.overhead)
             MetaKey.STEP_WALL_US: list(getattr(self, "step_wall_us", [])),
             # Horovod's timeline writer, moved to idle priority (dpro.profiler.horovod.writer)
