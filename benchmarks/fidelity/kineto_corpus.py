@@ -28,10 +28,10 @@ from dpro.errors import DproInputError  # noqa: E402
 from dpro.graph.global_dfg import BuildOptions  # noqa: E402
 from dpro.importers.kineto import import_kineto  # noqa: E402
 from dpro.replayer.replay import replay  # noqa: E402
-from kineto_steps import cpu_steps  # noqa: E402
+from kineto_steps import measured_steps  # noqa: E402
 
 def evaluate(folder: Path) -> dict | None:
-    steps = cpu_steps(folder)
+    steps = measured_steps(folder)
     if not steps:
         return None
     row: dict = {"set": folder.name, "ranks": sum(1 for f in folder.iterdir() if f.name.endswith((".json", ".json.gz"))),

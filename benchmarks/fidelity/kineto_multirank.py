@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dpro.graph.global_dfg import BuildOptions, build_global_dfg  # noqa: E402
 from dpro.importers.kineto import import_kineto  # noqa: E402
 from dpro.replayer.replay import replay  # noqa: E402
-from kineto_steps import cpu_steps  # noqa: E402
+from kineto_steps import measured_steps  # noqa: E402
 
 
 def loo_errors(gt, measured: dict[int, float]) -> list[float]:
@@ -49,7 +49,7 @@ def loo_errors(gt, measured: dict[int, float]) -> list[float]:
 
 
 def evaluate(run: Path) -> dict:
-    steps = cpu_steps(run / "trace")
+    steps = measured_steps(run / "trace")
     timing = json.loads((run / "timing.json").read_text())["step_us_per_rank"]
     unprof = statistics.median(statistics.mean(v) for v in zip(*timing))
     gt = import_kineto(run / "trace", progress=False)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpro.gtrace.schema import NodeTrace
+from dpro.gtrace.schema import GPU_PERIOD_META, NodeTrace
 
 
 @dataclass(slots=True)
@@ -125,11 +125,13 @@ def measured_iteration_us(nodes: list[NodeTrace], steps: list[int]) -> float | N
     Not the slowest node's: steps run back to back, so in steady state every node's mean
     step time is the iteration time, but in any one step the ranks are staggered and the
     one that started earliest (and waited in the first collective) looks slowest; the
-    per-step maximum is biased upwards by that jitter.
+    per-step maximum is biased upwards by that jitter. A node whose GPU sets its period
+    (``GPU_PERIOD_META``: its GPU falls further behind its CPU at every step) counts that
+    period where it exceeds the marker's step.
     """
     per_step = []
     for s in steps:
-        durs = [nt.steps[s][1] for nt in nodes if s in nt.steps]
+        durs = [max(nt.steps[s][1], float(nt.meta.get(GPU_PERIOD_META, 0.0))) for nt in nodes if s in nt.steps]
         if durs:
             per_step.append(float(np.mean(durs)))
     return float(np.mean(per_step)) if per_step else None

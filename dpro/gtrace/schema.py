@@ -119,6 +119,12 @@ class Tensor:
         return d
 
 
+#: ``NodeTrace.meta`` key: the node's measured step period (µs) where its GPU, not its CPU,
+#: sets it (a GPU-bound Kineto trace, docs/kineto.md); the measured iteration takes it
+#: where it exceeds the step marker's duration
+GPU_PERIOD_META = "gpu_period_us"
+
+
 @dataclass
 class NodeTrace:
     """Everything recorded for one node: local DFG, events, step windows."""

@@ -252,16 +252,32 @@ def step_markers(rf: RankFile) -> tuple[list[KEvent], bool]:
     return [e for e in cpu if e.tid == tid], True
 
 
-def find_steps(rf: RankFile) -> dict[int, tuple[float, float]]:
+def find_steps(rf: RankFile, notes: list[str] | None = None) -> dict[int, tuple[float, float]]:
     """ProfilerStep#N windows: step -> (start, end), from :func:`step_markers` (the
-    longest span where a step number repeats)."""
+    longest span where a step number repeats).
+
+    The last CPU-side span is not a step where it holds no other CPU-side event of its
+    thread and another step precedes it: the span that the last ``prof.step()`` opens and
+    the profiler's exit closes, cut by the capture's end (hta_amd_mi250: a 49 µs
+    ProfilerStep#2 after the 9.29 ms step 1); ``notes`` says so."""
+    marks, on_cpu = step_markers(rf)
     steps: dict[int, tuple[float, float]] = {}
-    for e in step_markers(rf)[0]:
+    for e in marks:
         n = int(_STEP_RE.match(e.name).group(1))  # type: ignore[union-attr]
         t0 = e.ts
         t1 = t0 + e.dur
         if n not in steps or t1 - t0 > steps[n][1] - steps[n][0]:
             steps[n] = (t0, t1)
+    if on_cpu and len(steps) > 1:
+        last = max(steps, key=lambda n: steps[n][0])
+        t0, t1 = steps[last]
+        tid = marks[0].tid
+        if not any(e.tid == tid and e.cat in CPU_CATS and not _STEP_RE.match(e.name) and t0 <= e.ts < t1
+                   for e in rf.events):
+            del steps[last]
+            if notes is not None:
+                notes.append(f"{rf.path.name}: ProfilerStep#{last} ({t1 - t0:.0f} us) holds no operator: the span "
+                             f"the profiler's exit closed, cut by the capture's end; not a step")
     return steps
 
 
