@@ -307,11 +307,13 @@ def test_simulate_with_host_costs() -> None:
 
 
 def test_calibration_fit_and_file(run_cli, tmp_path: Path) -> None:
-    """gloo_link.py's samples fitted by LAD (a slow outlier ignored), written in a platform
-    file's 'oracle' section and read back by `dpro oracle --platform`; a bad section: one line."""
+    """gloo_link.py's samples fitted to their mean (each size's extremes trimmed: the slow
+    outlier), written in a platform file's 'oracle' section and read back by `dpro oracle
+    --platform`; a bad section: one line."""
     from dpro.oracle.calibration import Calibration, fit_collectives, fit_host
 
-    ar = [[b, 2 * (100 + 0.01 * b / 2)] for b in (1024, 4096, 65536) for _ in range(3)] + [[4096, 1e6]]
+    ar = [[b, 2 * (100 + 0.01 * b / 2) + d] for b in (1024, 4096, 65536) for d in (-5, 5) * 5]
+    ar[3][1] = 1e6  # trimmed
     host = {k: [[b, 5 + 0.001 * b] for b in (4096, 65536)] for k in ("cat", "slice", "clone", "zeros")}
     c = fit_collectives(2, {"allreduce": ar, "allgather": [[b, 100 + 0.01 * b / 2] for b in (2048, 8192)]})
     assert c["allreduce"].alpha == pytest.approx(100) and c["allreduce"].beta == pytest.approx(0.01)

@@ -22,6 +22,7 @@ def main() -> None:
     p.add_argument("--procs", default="2,2,2,2,4,4,4", help="ranks of each fit, in order")
     p.add_argument("--out", type=Path, default=Path("/tmp/dpro-oracle-link"))
     p.add_argument("--no-host", action="store_true", help="collectives only (faster)")
+    p.add_argument("--compute-us", type=float, default=0.0, help="compute before every timed call (gloo_link.py)")
     args = p.parse_args()
     sys.path[:0] = [str(HERE), str(HERE.parent / "whatif"), str(HERE.parents[1])]
     import run as bench
@@ -33,10 +34,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     seen: dict[int, list[tuple[float, list[float]]]] = {}
     with boosted() as on:
-        print(f"# measured jobs boosted: {'yes' if on else 'no'}")
+        print(f"# measured jobs boosted: {'yes' if on else 'no'}; collectives after {args.compute_us:g} µs of compute")
         for k, n in enumerate(int(x) for x in args.procs.split(",")):
             f = args.out / f"samples_{k}_{n}.json"
-            bench.torchrun(n, HERE / "gloo_link.py", "--out", str(f), "--seed", str(k),
+            bench.torchrun(n, HERE / "gloo_link.py", "--out", str(f), "--seed", str(k), "--compute-us", str(args.compute_us),
                            *(["--no-host"] if args.no_host else []))
             d = json.loads(f.read_text())
             c = fit_collectives(n, d["raw"])

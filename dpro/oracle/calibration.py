@@ -12,9 +12,8 @@ from benchmarks/oracle/gloo_link.py's samples; never from the runs it is checked
 (``AR(k, m) = 2(k-1)(α + β m/k)``, ``AG(k, m) = (k-1)(α + β m/k)``, m the whole result),
 ``exchange`` per message of one halo exchange (isend/irecv to each neighbour, then wait).
 ``host``: per call + per byte of the copies examples/parallel/ makes around its
-collectives, and one autograd.Function's forward + backward (µs). Every fit is least
-absolute deviations over all samples (dpro.graph.comm_model.lad_nonneg), robust to the
-slow spells of a shared host.
+collectives, and one autograd.Function's forward + backward (µs). Every fit is non-negative
+least squares over all samples, each size's extremes trimmed (:func:`_fit`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dpro.graph.comm_model import lad_nonneg
 
 COLLECTIVES = ("allreduce", "allgather", "exchange")
 HOST_OPS = ("cat", "slice", "clone", "zeros")
@@ -80,11 +78,44 @@ class Calibration:
                 "host": self.host.to_json()}
 
 
+#: share of the samples dropped at each end of a size's samples before averaging them
+TRIM = 0.1
+
+
+def _nnls2(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """min |A x - y|² over x >= 0, A with two columns (the unconstrained optimum, else the
+    best with one coefficient zero)."""
+    x, *_ = np.linalg.lstsq(A, y, rcond=None)
+    if (x >= 0).all():
+        return float(x[0]), float(x[1])
+    best = (np.inf, 0.0, 0.0)
+    for j in (0, 1):
+        col = A[:, j]
+        c = max(0.0, float(col @ y / (col @ col))) if col @ col > 0 else 0.0
+        r = float(((col * c - y) ** 2).sum())
+        best = min(best, (r, c if j == 0 else 0.0, c if j == 1 else 0.0))
+    return best[1], best[2]
+
+
 def _fit(rows: list[list[float]], steps: float, per: float) -> Cost:
-    """LAD fit of ``µs = steps * (α + β * bytes / per)`` over every sample."""
-    A = np.array([[steps, steps * b / per] for b, _ in rows], dtype=float)
-    y = np.array([t for _, t in rows], dtype=float)
-    return Cost(*lad_nonneg(A, y))
+    """``µs = steps * (α + β * bytes / per)`` fitted by least squares (α, β >= 0) to every
+    sample but the ``TRIM`` share at each end of each size's samples: the mean, because a
+    step of many collectives adds up their mean (a call on a shared host is bimodal: a
+    fast path and a wait of ~3 ms for the CPU, so a median jumps between the two from one
+    run to the next), pooled over the sizes (the wait is the same for every size: α), and
+    trimmed of the rare extremes."""
+    by: dict[float, list[float]] = {}
+    for b, t in rows:
+        by.setdefault(float(b), []).append(float(t))
+    xs, ys = [], []
+    for b, v in by.items():
+        v = sorted(v)
+        k = int(len(v) * TRIM)
+        kept = v[k:len(v) - k] if len(v) > 2 * k else v
+        xs += [b] * len(kept)
+        ys += kept
+    A = np.array([[steps, steps * b / per] for b in xs], dtype=float)
+    return Cost(*_nnls2(A, np.array(ys, dtype=float)))
 
 
 def fit_collectives(world: int, raw: dict[str, list[list[float]]]) -> dict[str, Cost]:
