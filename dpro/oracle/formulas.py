@@ -46,15 +46,17 @@ class Link:
         return (n - 1) * (a + self.phi * b * m / n) if n > 1 else 0.0
 
     def p2p(self, m: float) -> float:
-        a, b = self.exch or (self.alpha, self.beta)
-        return a + self.phi * b * m
+        """One blocking send to one peer: a ring step's cost (ParaDL's P2P)."""
+        return self.alpha + self.phi * self.beta * m
 
     def exchange(self, nb: int, m: float) -> float:
         """One halo exchange of m bytes with each of ``nb`` neighbours: measured as one
         (sends and receives posted together) when calibrated, else ``nb`` P2P in turn."""
         if nb <= 0:
             return 0.0
-        return self.p2p(m) if self.exch else nb * self.p2p(m)
+        if self.exch:
+            return self.exch[0] + self.phi * self.exch[1] * m
+        return nb * self.p2p(m)
 
     def shared(self, phi: float) -> Link:
         return Link(self.alpha, self.beta, max(1.0, phi), self.gather, self.exch)
