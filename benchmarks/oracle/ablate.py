@@ -44,6 +44,7 @@ def main() -> None:
         "+ host": full,
     }
     preds: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
+    full_res = None
     for name, plat in [*variants.items(), ("+ host, no contention", full)]:
         tmp = args.out / f"ablate_{len(preds)}.json"
         d = json.loads((args.out / args.platform).read_text())
@@ -54,6 +55,8 @@ def main() -> None:
         tmp.write_text(json.dumps(d))
         r = run_oracle(job, procs, batch=res.get("batch", 32), platform=str(tmp), simulate=True,
                        contention=not name.endswith("no contention"))
+        if name == "+ host":
+            full_res = r
         preds[name] = {(x.strategy, x.devices): (x.iteration_us, r.simulated.get((x.strategy, x.devices), float("nan")))
                        for x in r.predictions}
     names = list(preds)
@@ -74,6 +77,17 @@ def main() -> None:
         print(f"{r['strategy']:<13} {r['devices']:>2} {m / 1e3:11.2f}  " + "  ".join(f"{c:>22}" for c in cells))
     print(f"{'mean |error|':<28}" + "  ".join(f"{statistics.mean(errs[n]):9.1f} ({statistics.mean(serrs[n]):7.1f})".rjust(22)
                                             for n in names))
+    # the full calibration's breakdown, as run.py prints it
+    print(f"\nfull calibration ({args.platform}), with contention: breakdown (ms)")
+    print(f"{'strategy':<13} {'p':>2} {'measured ms':>11} {'runs ±%':>7} {'oracle ms':>9} {'err %':>6} {'sim ms':>7} "
+          f"{'err %':>6}  {'compute':>7} {'host':>5}  communication by phase (ms)")
+    for r in rows:
+        x = next(q for q in full_res.predictions if q.strategy == r["strategy"] and q.devices == r["devices"])
+        sim, m = full_res.simulated.get((x.strategy, x.devices), float("nan")), r["measured_us"]
+        comm = " ".join(f"{k} {v / 1e3:.2f}" for k, v in x.communication_us.items() if v)
+        print(f"{r['strategy']:<13} {r['devices']:>2} {m / 1e3:11.2f} {r['spread_pct']:7.1f} {x.iteration_us / 1e3:9.2f} "
+              f"{100 * (x.iteration_us - m) / m:+6.1f} {sim / 1e3:7.2f} {100 * (sim - m) / m:+6.1f}  "
+              f"{x.compute_us / 1e3:7.2f} {sum(x.host_us.values()) / 1e3:5.2f}  {comm}")
 
 
 if __name__ == "__main__":
