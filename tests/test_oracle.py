@@ -231,6 +231,108 @@ def test_simulate() -> None:
     assert simulate_prediction(two_layers(), df, PLAT, Options(batch=B)) >= df.compute_us + 71.04 / 2
 
 
+def calibrated(links: dict | None = None) -> Platform:
+    """PLAT with hand-chosen host costs (and, optionally, per process count links)."""
+    from dpro.oracle.calibration import Calibration, Cost, HostCosts
+
+    host = HostCosts(cat=Cost(1, 0.001), slice=Cost(2, 0.002), clone=Cost(3, 0.003), zeros=Cost(4, 0.004),
+                     function_us=10)
+    return Platform(10.0, 0.01, calibration=Calibration(links or {}, host))
+
+
+def test_host_costs_by_strategy() -> None:
+    """The host work around the collectives of examples/parallel/, hand-computed on the
+    two-layer network (B = 8, p = 2): cat 1 µs + 1 ns/B, slice 2 + 2, clone 3 + 3, zeros
+    4 + 4, one autograd.Function 10 µs."""
+    plat, opts = calibrated(), Options(batch=B)
+    # filter: per block a Function + cat of the gathered output; backward: slice of it
+    f = predict(two_layers(), "filter", 2, plat, opts)
+    conv = (10 + 1 + 0.001 * 8 * 256) + (2 + 0.002 * 8 * 256 / 2)  # 17.096
+    fc = (10 + 1 + 0.001 * 8 * 8) + (2 + 0.002 * 8 * 8 / 2)        # 13.128
+    assert f.host_us == {LAYERWISE: pytest.approx(conv + fc)}
+    assert f.iteration_us == pytest.approx(run("filter", 2).iteration_us + conv + fc)
+    # channel: two Functions, slice of x/p, clone of y; backward (not the first layer): cat of x
+    c = predict(two_layers(), "channel", 2, plat, opts)
+    conv = 20 + (2 + 0.002 * 512) + (3 + 0.003 * 2048)                             # 32.168
+    fc = 20 + (2 + 0.002 * 1024) + (3 + 0.003 * 64) + (1 + 0.001 * 2048)           # 30.288
+    assert c.host_us == {LAYERWISE: pytest.approx(conv + fc)}
+    # spatial: the halo's Function, zeros, cat (forward), clone, zeros, additions (backward);
+    # the row gather as filter's; the conv's gradients concatenated and copied back
+    sp = predict(two_layers(), "spatial", 2, plat, opts)
+    hb, xl = 8 * 32, 8 * 128 / 2
+    halo = (10 + 2 * (4 + 0.004 * hb) + 1 + 0.001 * (xl + 2 * hb)) + ((3 + 0.003 * xl) + 2 * (4 + 0.004 * hb)
+                                                                      + 2 * (3 + 0.003 * hb))  # 44.192
+    assert sp.host_us == {HALO: pytest.approx(halo), LAYERWISE: pytest.approx(17.096),
+                          GE: pytest.approx((1 + 0.3) + (3 + 0.9))}
+    # data+filter: filter on 4 samples, its 1/p2 of the gradients concatenated, copied back, scaled
+    df = predict(two_layers(), "data+filter", 4, plat, opts)
+    assert df.host_us[LAYERWISE] == pytest.approx((11 + 1.024 + 2 + 1.024) + (11 + 0.032 + 2 + 0.032))
+    assert df.host_us[GE] == pytest.approx((1 + 1.15) + 2 * (3 + 3.45))
+    # data and pipeline: nothing beyond the profiled ops
+    assert predict(two_layers(), "data", 2, plat, opts).host_us == {}
+    assert predict(two_layers(), "pipeline", 2, plat, Options(batch=B, micro=2)).host_us == {}
+
+
+def test_links_per_process_count() -> None:
+    """A calibration's collectives measured at 2 and 4 processes: each job takes its own
+    (8 processes: the largest measured below); the all-gather and the halo exchange their
+    own α, β; one exchange with both neighbours is one calibrated exchange."""
+    from dpro.oracle.calibration import Cost
+    from dpro.oracle.formulas import link_of
+
+    links = {2: {"allreduce": Cost(100, 0.1), "allgather": Cost(200, 0.2), "exchange": Cost(50, 0.05)},
+             4: {"allreduce": Cost(300, 0.3)}}
+    plat = calibrated(links)
+    two, eight = link_of(plat, 2), link_of(plat, 8)
+    assert two.allreduce(2, 1000) == pytest.approx(2 * (100 + 0.1 * 500))
+    assert two.allgather(2, 1000) == pytest.approx(200 + 0.2 * 500)
+    assert two.exchange(2, 100) == pytest.approx(50 + 0.05 * 100)
+    assert eight.allreduce(4, 1000) == pytest.approx(6 * (300 + 0.3 * 250))
+    assert eight.allgather(4, 1000) == pytest.approx(3 * (300 + 0.3 * 250))  # none measured: the all-reduce's
+    assert Link(10, 0.01).exchange(2, 100) == pytest.approx(2 * 11)  # uncalibrated: nb P2P in turn
+    x = predict(two_layers(), "spatial", 2, plat, Options(batch=B))
+    assert x.communication_us[HALO] == pytest.approx(2 * (50 + 0.05 * 8 * 32))
+
+
+def test_simulate_with_host_costs() -> None:
+    """One group: the replayed graph, host work included, is the analytical sum."""
+    from dpro.oracle.calibration import Cost
+    from dpro.oracle.simulate import simulate_prediction
+
+    plat = calibrated({2: {"allreduce": Cost(100, 0.1), "allgather": Cost(200, 0.2), "exchange": Cost(50, 0.05)}})
+    for s in ("filter", "channel", "spatial"):
+        x = predict(two_layers(), s, 2, plat, Options(batch=B))
+        assert x.host_us
+        assert simulate_prediction(two_layers(), x, plat, Options(batch=B)) == pytest.approx(x.iteration_us), s
+
+
+def test_calibration_fit_and_file(run_cli, tmp_path: Path) -> None:
+    """gloo_link.py's samples fitted to their mean (each size's extremes trimmed: the slow
+    outlier), written in a platform file's 'oracle' section and read back by `dpro oracle
+    --platform`; a bad section: one line."""
+    from dpro.oracle.calibration import Calibration, fit_collectives, fit_host
+
+    ar = [[b, 2 * (100 + 0.01 * b / 2) + d] for b in (1024, 4096, 65536) for d in (-5, 5) * 5]
+    ar[3][1] = 1e6  # trimmed
+    host = {k: [[b, 5 + 0.001 * b] for b in (4096, 65536)] for k in ("cat", "slice", "clone", "zeros")}
+    c = fit_collectives(2, {"allreduce": ar, "allgather": [[b, 100 + 0.01 * b / 2] for b in (2048, 8192)]})
+    assert c["allreduce"].alpha == pytest.approx(100) and c["allreduce"].beta == pytest.approx(0.01)
+    assert c["allgather"].alpha == pytest.approx(100) and "exchange" not in c
+    h = fit_host(host, [9.0, 11.0, 30.0])
+    assert h.cat.alpha == pytest.approx(5) and h.zeros.beta == pytest.approx(0.001) and h.function_us == 11
+    plat = tmp_path / "platform.json"
+    plat.write_text(json.dumps({"alpha_us": 5, "beta_us_per_byte": 0.001,
+                                "oracle": Calibration({2: c}, h).to_json()}))
+    code, out, err = run_cli("oracle", DATA, "--devices", "2", "--platform", plat, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["platform"]["oracle"]["links"]["2"]["allreduce"]["alpha_us"] == pytest.approx(100)
+    assert any(r["host_us"] for r in d["strategies"] if r["strategy"] == "filter")
+    plat.write_text(json.dumps({"alpha_us": 5, "beta_us_per_byte": 0.001, "oracle": {"host": {"cat": 3}}}))
+    code, _, err = run_cli("oracle", DATA, "--devices", "2", "--platform", plat)
+    assert code == 2 and "'oracle' section" in err and len(err.strip().splitlines()) == 1
+
+
 def test_cores_slowdown() -> None:
     plat = Platform(10.0, 0.01, cores=2)
     x = predict(two_layers(), "data", 4, plat, Options(batch=B))

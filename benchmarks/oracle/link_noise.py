@@ -1,7 +1,8 @@
-"""How stable is the link fit? Fit α, β of gloo all-reduces (gloo_link.py) several times
-back to back, boosted like run.py's measured jobs, and print each fit with its samples.
+"""How stable is the oracle's calibration? Run gloo_link.py several times back to back,
+boosted like run.py's measured jobs, fit each run (dpro/oracle/calibration.py) and print
+every fit and, per process count, the spread of α and of a few predicted costs.
 
-    python benchmarks/oracle/link_noise.py [--procs 2,2,4,2,4] [--out /tmp/dpro-oracle-link]
+    python benchmarks/oracle/link_noise.py [--procs 2,2,2,2,4,4,4] [--out /tmp/dpro-oracle-link]
 """
 
 from __future__ import annotations
@@ -11,33 +12,56 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
+#: the costs whose spread is printed: (kind, bytes)
+PROBES = (("allreduce", 1 << 10), ("allreduce", 128 << 10), ("allgather", 512 << 10), ("exchange", 32 << 10))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--procs", default="2,2,4,2,4", help="ranks of each fit, in order")
+    p.add_argument("--procs", default="2,2,2,2,4,4,4", help="ranks of each fit, in order")
     p.add_argument("--out", type=Path, default=Path("/tmp/dpro-oracle-link"))
+    p.add_argument("--no-host", action="store_true", help="collectives only (faster)")
+    p.add_argument("--compute-us", type=float, default=0.0, help="compute before every timed call (gloo_link.py)")
     args = p.parse_args()
     sys.path[:0] = [str(HERE), str(HERE.parent / "whatif"), str(HERE.parents[1])]
     import run as bench
     from boost import boosted
 
-    from dpro.graph.comm_model import lad_link_cost, ring_steps
+    from dpro.oracle.calibration import fit_collectives, fit_host
+    from dpro.oracle.formulas import Link
 
     args.out.mkdir(parents=True, exist_ok=True)
+    seen: dict[int, list[tuple[float, list[float]]]] = {}
     with boosted() as on:
-        print(f"# measured jobs boosted: {'yes' if on else 'no'}")
+        print(f"# measured jobs boosted: {'yes' if on else 'no'}; collectives after {args.compute_us:g} µs of compute")
         for k, n in enumerate(int(x) for x in args.procs.split(",")):
             f = args.out / f"samples_{k}_{n}.json"
-            bench.torchrun(n, HERE / "gloo_link.py", "--out", str(f))
-            rows = json.loads(f.read_text())["samples"]
-            A = np.array([[ring_steps(n), ring_steps(n) * b / n] for b, _ in rows], dtype=float)
-            c = lad_link_cost(A, np.array([t for _, t in rows], dtype=float))
-            print(f"{n} ranks: α {c.alpha:.0f} µs, β {c.beta * 1e3:.3f} ns/B; median µs per size "
-                  f"{[b for b, _ in rows]}: {[round(t) for _, t in rows]}", flush=True)
+            bench.torchrun(n, HERE / "gloo_link.py", "--out", str(f), "--seed", str(k), "--compute-us", str(args.compute_us),
+                           *(["--no-host"] if args.no_host else []))
+            d = json.loads(f.read_text())
+            c = fit_collectives(n, d["raw"])
+            ar, ag, ex = c["allreduce"], c["allgather"], c["exchange"]
+            link = Link(ar.alpha, ar.beta, 1.0, (ag.alpha, ag.beta), (ex.alpha, ex.beta))
+            cost = {"allreduce": lambda m: link.allreduce(n, m), "allgather": lambda m: link.allgather(n, m),
+                    "exchange": lambda m: link.exchange(1, m)}
+            probes = [cost[kind](m) for kind, m in PROBES]
+            seen.setdefault(n, []).append((ar.alpha, probes))
+            line = "; ".join(f"{kind} α {x.alpha:.0f} µs β {x.beta * 1e3:.3f} ns/B" for kind, x in c.items())
+            host = ""
+            if d["raw"].get("cat"):
+                h = fit_host(d["raw"], d["function_us"])
+                host = (f"; host: cat {h.cat.alpha:.1f} µs + {h.cat.beta * 1e3:.3f} ns/B, slice {h.slice.alpha:.1f} + "
+                        f"{h.slice.beta * 1e3:.3f}, clone {h.clone.alpha:.1f} + {h.clone.beta * 1e3:.3f}, zeros "
+                        f"{h.zeros.alpha:.1f} + {h.zeros.beta * 1e3:.3f}, Function {h.function_us:.1f} µs")
+            print(f"{n} ranks: {line}{host}", flush=True)
+    for n, fits in sorted(seen.items()):
+        al = [a for a, _ in fits]
+        print(f"{n} ranks, {len(fits)} fits: all-reduce α {min(al):.0f}-{max(al):.0f} µs", end="")
+        for i, (kind, m) in enumerate(PROBES):
+            v = [pr[i] for _, pr in fits]
+            print(f"; {kind} {m >> 10} KiB {min(v):.0f}-{max(v):.0f} µs", end="")
+        print()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Predicted (``dpro oracle``, analytical and ``--simulate``) vs measured iteration time of
 every parallel strategy of examples/parallel/ at 2 and 4 processes over gloo.
 
-1. fits the link cost of this machine's gloo all-reduces (gloo_link.py) into a platform
-   file (``cores``: this host's CPUs, so that 4 processes on 2 cores share them);
+1. calibrates this machine (gloo_link.py at every process count: all-reduce, all-gather,
+   halo exchange; the host copies and autograd.Functions of examples/parallel/), fits it
+   (dpro/oracle/calibration.py) into a platform file with an ``oracle`` section
+   (``cores``: this host's CPUs, so that 4 processes on 2 cores share them);
 2. profiles data parallelism on 2 processes with dpro's recorder (the oracle's input);
 3. runs ``run_oracle`` on it for every strategy and device count (its grids: pipeline
    micro-batches and stages, the hybrids' groups are passed to the launcher as it advises);
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -68,18 +71,26 @@ def torchrun(n: int, script: Path, *args: str, env: dict | None = None) -> None:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr[-3000:]}")
 
 
-def platform_file(out: Path) -> Path:
-    from dpro.graph.comm_model import lad_link_cost, ring_steps
+def platform_file(out: Path, procs: list[int], compute_us: float = 0.0) -> Path:
+    """Calibrate at every process count of ``procs`` (the host costs at the first) and
+    write the platform file: the first count's all-reduce as α, β, the rest in ``oracle``;
+    ``compute_us``: every calibrated collective comes after that much compute (gloo_link.py)."""
+    from dpro.oracle.calibration import Calibration, fit_collectives, fit_host
 
-    samples = out / "gloo_link.json"
-    torchrun(2, REPO / "benchmarks" / "oracle" / "gloo_link.py", "--out", str(samples))
-    d = json.loads(samples.read_text())
-    n, rows = d["world_size"], d["samples"]
-    A = np.array([[ring_steps(n), ring_steps(n) * b / n] for b, _ in rows], dtype=float)
-    cost = lad_link_cost(A, np.array([t for _, t in rows], dtype=float))
-    plat = out / "platform.json"
-    plat.write_text(json.dumps({"alpha_us": cost.alpha, "beta_us_per_byte": cost.beta, "cores": os.cpu_count(),
-                                "samples": rows, "fit_error": cost.fit_error}))
+    cal, samples = Calibration(), {}
+    for k, n in enumerate(procs):
+        f = out / f"gloo_link_{n}_c{compute_us:g}.json"
+        torchrun(n, REPO / "benchmarks" / "oracle" / "gloo_link.py", "--out", str(f), "--compute-us", str(compute_us),
+                 *(["--no-host"] if k else []))
+        d = json.loads(f.read_text())
+        cal.links[n] = fit_collectives(n, d["raw"])
+        if not k:
+            cal.host = fit_host(d["raw"], d["function_us"])
+        samples[n] = d["samples"]
+    ar = cal.links[procs[0]]["allreduce"]
+    plat = out / f"platform_c{compute_us:g}.json"
+    plat.write_text(json.dumps({"alpha_us": ar.alpha, "beta_us_per_byte": ar.beta, "cores": os.cpu_count(),
+                                "oracle": cal.to_json(), "samples": samples}))
     return plat
 
 
@@ -135,6 +146,9 @@ def main() -> None:
     p.add_argument("--profile-each", action="store_true", help="also profile every strategy: breakdown and memory")
     p.add_argument("--cap-mbit", type=float, default=None,
                    help="run every rank in its own network namespace with a tbf cap (Mbit/s per direction; root)")
+    p.add_argument("--calib-compute-us", default="0,2000",
+                   help="calibrate the collectives after this much compute (µs), one platform each; the first "
+                        "one's predictions are the main table, the others follow")
     p.add_argument("--out", type=Path, default=Path("/tmp/dpro-oracle-bench"))
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -159,13 +173,17 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
     from dpro.oracle import run_oracle
 
     load0 = os.getloadavg()
-    plat = platform_file(args.out)
+    procs = [int(x) for x in args.procs.split(",")]
+    calibs = [float(x) for x in args.calib_compute_us.split(",")]
+    plats = {c: platform_file(args.out, procs, c) for c in calibs}
+    plat = plats[calibs[0]]
     trace = args.out / "trace"
     subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
                     *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(args.batch))],
                    cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
-    procs = [int(x) for x in args.procs.split(",")]
     res = run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plat), simulate=True)
+    alts = {c: run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plats[c]), simulate=True)
+            for c in calibs[1:]}  # the same profile under the other calibrations
     rows = []
     for n in procs:
         preds = {x.strategy: x for x in res.predictions if x.devices == n and x.feasible}
@@ -187,8 +205,15 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
                          "spread_pct": 100 * (max(runs[s]) - min(runs[s])) / m, "predicted_us": x.iteration_us,
                          "error_pct": 100 * (x.iteration_us - m) / m, "simulated_us": sim,
                          "sim_error_pct": 100 * (sim - m) / m if sim == sim else None,
-                         "compute_us": x.compute_us, "communication_us": x.communication_us,
-                         "memory_bytes": x.memory_bytes, "grid": x.grid, "profiled": seen})
+                         "compute_us": x.compute_us, "communication_us": x.communication_us, "host_us": x.host_us,
+                         "memory_bytes": x.memory_bytes, "grid": x.grid, "profiled": seen, "alt": {}})
+            for c, other in alts.items():
+                y = next(q for q in other.predictions if q.strategy == s and q.devices == n)
+                ys = other.simulated.get((s, n), math.nan)
+                rows[-1]["alt"][c] = {"predicted_us": y.iteration_us, "error_pct": 100 * (y.iteration_us - m) / m,
+                                      "simulated_us": ys, "sim_error_pct": 100 * (ys - m) / m,
+                                      "compute_us": y.compute_us, "host_us": y.host_us,
+                                      "communication_us": y.communication_us}
     load1 = os.getloadavg()
     if args.profile_each:
         print("\nbreakdown (ms) and memory (MiB): predicted | dpro's reading of the profiled run")
@@ -208,14 +233,29 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
           f"load average before {load0[0]:.2f}, after {load1[0]:.2f} on {os.cpu_count()} CPUs; "
           f"measured jobs boosted: {'yes' if boosted_ else 'no'}")
     print(f"{'strategy':<13} {'p':>2} {'measured ms':>11} {'runs ±%':>7} {'oracle ms':>9} {'err %':>6} {'sim ms':>7} {'err %':>6}"
-          f"  {'compute':>7}  communication by phase (ms)")
+          f"  {'compute':>7} {'host':>5}  communication by phase (ms)")
     for r in rows:
         comm = " ".join(f"{k} {v / 1e3:.2f}" for k, v in r["communication_us"].items() if v)
         sim = "" if r["sim_error_pct"] is None else f"{r['simulated_us'] / 1e3:7.2f} {r['sim_error_pct']:+6.1f}"
         print(f"{r['strategy']:<13} {r['devices']:>2} {r['measured_us'] / 1e3:11.2f} {r['spread_pct']:7.1f} "
               f"{r['predicted_us'] / 1e3:9.2f} "
-              f"{r['error_pct']:+6.1f} {sim:>14}  {r['compute_us'] / 1e3:7.2f}  {comm}")
-    print(f"mean |error|: analytical {mean_err:.1f} %, simulated {statistics.mean(sims) if sims else float('nan'):.1f} %")
+              f"{r['error_pct']:+6.1f} {sim:>14}  {r['compute_us'] / 1e3:7.2f} {sum(r['host_us'].values()) / 1e3:5.2f}  {comm}")
+    print(f"mean |error|: analytical {mean_err:.1f} %, simulated {statistics.mean(sims) if sims else float('nan'):.1f} %"
+          f" (calibrated after {calibs[0]:g} µs of compute)")
+    for c, other in alts.items():
+        print(f"\nthe same, calibrated after {c:g} µs of compute: platform α {other.platform.alpha_us:.1f} µs, "
+              f"β {other.platform.beta_us_per_byte * 1e3:.3f} ns/B")
+        print(f"{'strategy':<13} {'p':>2} {'measured ms':>11} {'oracle ms':>9} {'err %':>6} {'sim ms':>7} {'err %':>6}"
+              f"  {'compute':>7} {'host':>5}  communication by phase (ms)")
+        for r in rows:
+            a = r["alt"][c]
+            comm = " ".join(f"{k} {v / 1e3:.2f}" for k, v in a["communication_us"].items() if v)
+            print(f"{r['strategy']:<13} {r['devices']:>2} {r['measured_us'] / 1e3:11.2f} {a['predicted_us'] / 1e3:9.2f} "
+                  f"{a['error_pct']:+6.1f} {a['simulated_us'] / 1e3:7.2f} {a['sim_error_pct']:+6.1f}  "
+                  f"{a['compute_us'] / 1e3:7.2f} {sum(a['host_us'].values()) / 1e3:5.2f}  {comm}")
+        errs = [abs(r["alt"][c]["error_pct"]) for r in rows]
+        serrs = [abs(r["alt"][c]["sim_error_pct"]) for r in rows if r["alt"][c]["sim_error_pct"] == r["alt"][c]["sim_error_pct"]]
+        print(f"mean |error|: analytical {statistics.mean(errs):.1f} %, simulated {statistics.mean(serrs):.1f} %")
     (args.out / "result.json").write_text(json.dumps({"rows": rows, "load": [load0, load1], "cap_mbit": args.cap_mbit,
                                                       "boosted": boosted_,
                                                       "platform": res.platform.to_json()}, indent=1))

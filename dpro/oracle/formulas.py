@@ -15,8 +15,9 @@ where m is the whole buffer (the all-gather's result). Times µs, sizes bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dpro.oracle.calibration import HostCosts
 from dpro.oracle.layers import CHANNELWISE, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
 
@@ -27,23 +28,78 @@ GE, LAYERWISE, HALO, P2P = "gradient_exchange", "layerwise_collectives", "halo_e
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """Collective costs over a platform with a contention penalty ``phi``."""
+    """Collective costs over a platform with a contention penalty ``phi``; ``gather`` and
+    ``exch``: the all-gather's per-step and the halo exchange's per-message (α, β) when
+    calibrated apart (dpro/oracle/calibration.py), else the all-reduce's."""
 
     alpha: float
     beta: float
     phi: float = 1.0
+    gather: tuple[float, float] | None = None
+    exch: tuple[float, float] | None = None
 
     def allreduce(self, n: int, m: float) -> float:
         return 2 * (n - 1) * (self.alpha + self.phi * self.beta * m / n) if n > 1 else 0.0
 
     def allgather(self, n: int, m: float) -> float:
-        return (n - 1) * (self.alpha + self.phi * self.beta * m / n) if n > 1 else 0.0
+        a, b = self.gather or (self.alpha, self.beta)
+        return (n - 1) * (a + self.phi * b * m / n) if n > 1 else 0.0
 
     def p2p(self, m: float) -> float:
+        """One blocking send to one peer: a ring step's cost (ParaDL's P2P)."""
         return self.alpha + self.phi * self.beta * m
 
+    def exchange(self, nb: int, m: float) -> float:
+        """One halo exchange of m bytes with each of ``nb`` neighbours: measured as one
+        (sends and receives posted together) when calibrated, else ``nb`` P2P in turn."""
+        if nb <= 0:
+            return 0.0
+        if self.exch:
+            return self.exch[0] + self.phi * self.exch[1] * m
+        return nb * self.p2p(m)
+
     def shared(self, phi: float) -> Link:
-        return Link(self.alpha, self.beta, max(1.0, phi))
+        return Link(self.alpha, self.beta, max(1.0, phi), self.gather, self.exch)
+
+
+def link_of(platform: Platform, devices: int) -> Link:
+    """The link of a job of ``devices`` processes: the calibration measured at that
+    process count (dpro/oracle/calibration.py) when the platform has one, else α, β."""
+    got = platform.calibration.link(devices)
+    if not got:
+        return Link(platform.alpha_us, platform.beta_us_per_byte)
+    ar = got.get("allreduce")
+    a, b = (ar.alpha, ar.beta) if ar else (platform.alpha_us, platform.beta_us_per_byte)
+    ag, ex = got.get("allgather"), got.get("exchange")
+    return Link(a, b, 1.0, (ag.alpha, ag.beta) if ag else None, (ex.alpha, ex.beta) if ex else None)
+
+
+# ---------------------------------------------------------------- host work around collectives
+# What examples/parallel/strategies.py does on the host besides the layers and the wire:
+# (forward µs, backward µs) per site, from the calibrated host costs (all zero without).
+def gather_host(h: HostCosts, y: float, p: int) -> tuple[float, float]:
+    """An all-gather along channels/rows (_GatherChannels, _GatherRows): a Function,
+    torch.cat of the whole y bytes; backward: this rank's slice made contiguous."""
+    return h.function_us + h.cat.us(y), h.slice.us(y / p)
+
+
+def channel_host(h: HostCosts, x: float, y: float, p: int, first: bool) -> tuple[float, float]:
+    """A channel-parallel layer: _SliceChannels (a Function, a slice of x/p bytes; backward,
+    but for the first layer: torch.cat of the gathered x) and _AllReduce (a Function, a
+    clone of y)."""
+    return 2 * h.function_us + h.slice.us(x / p) + h.clone.us(y), (0.0 if first else h.cat.us(x))
+
+
+def halo_host(h: HostCosts, xl: float, hb: float) -> tuple[float, float]:
+    """_Halo before a conv: a Function, two zero halos, torch.cat of the local xl bytes and
+    halos; backward: a clone of the local gradient, two zero halos and two halo additions."""
+    return (h.function_us + 2 * h.zeros.us(hb) + h.cat.us(xl + 2 * hb),
+            h.clone.us(xl) + 2 * h.zeros.us(hb) + 2 * h.clone.us(hb))
+
+
+def grads_host(h: HostCosts, w: float, scaled: bool) -> float:
+    """allreduce_grads: the gradients concatenated, copied back (and scaled)."""
+    return h.cat.us(w) + h.clone.us(w) * (2 if scaled else 1) if w else 0.0
 
 
 @dataclass
@@ -64,15 +120,22 @@ class Prediction:
     contention: float = 1.0
     rank: int | None = None
     bottleneck: str = ""
+    #: host work around each communication phase (copies, autograd Functions), by phase
+    host_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def comm_us(self) -> float:
         return sum(self.communication_us.values())
 
     @property
+    def busy_us(self) -> float:
+        """Compute and the host work around the collectives."""
+        return self.compute_us + sum(self.host_us.values())
+
+    @property
     def iteration_us(self) -> float:
         """ParaDL's sum: communication is not overlapped (``--simulate`` overlaps it)."""
-        return self.compute_us + self.comm_us
+        return self.busy_us + self.comm_us
 
 
 def _time(layers: list[Layer], samples: float, calls: int = 1) -> float:
@@ -106,49 +169,65 @@ def data(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0) -> Pre
     return Prediction("data", p, comp, comm, _memory(m.layers, B / p, 1.0, gamma), {"data": p})
 
 
-def _filter_like(m: ModelProfile, p: int, b: float, link: Link, channel: bool) -> tuple[float, float]:
-    """Compute and layer-wise communication of filter (or channel) parallelism over p
-    devices on b samples."""
+def _filter_like(m: ModelProfile, p: int, b: float, link: Link, channel: bool,
+                 host: HostCosts = HostCosts()) -> tuple[float, float, float]:
+    """Compute, layer-wise communication and the host work around it of filter (or
+    channel) parallelism over p devices on b samples."""
     split = [lay for lay in m.layers if lay.kind == WEIGHTED or (lay.kind == CHANNELWISE and not channel)]
     rest = [lay for lay in m.layers if lay not in split]
     comp = _time(split, b / p) + _time(rest, b) + sum(lay.wu_us for lay in m.layers) / p + m.overhead_us
-    comm = 0.0
+    comm = hw = 0.0
     for i, (w, last) in enumerate(_blocks(m)):
         if channel:  # forward: all-reduce of the partial outputs; backward: all-gather of dL/dx
             comm += link.allreduce(p, b * w.y_bytes) + (link.allgather(p, b * w.x_bytes) if i else 0.0)
+            hw += sum(channel_host(host, b * w.x_bytes, b * w.y_bytes, p, i == 0)) if p > 1 else 0.0
         else:  # forward: all-gather of the block's output; backward: all-reduce of dL/dx
             comm += link.allgather(p, b * last.y_bytes) + (link.allreduce(p, b * w.x_bytes) if i else 0.0)
-    return comp, comm
+            hw += sum(gather_host(host, b * last.y_bytes, p)) if p > 1 else 0.0
+    return comp, comm, hw
 
 
-def filter_(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0) -> Prediction:
-    comp, comm = _filter_like(m, p, B, link, channel=False)
-    return Prediction("filter", p, comp, {LAYERWISE: comm}, _memory(m.layers, B, 1 / p, gamma), {"filter": p})
+def filter_(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, host: HostCosts = HostCosts()) -> Prediction:
+    comp, comm, hw = _filter_like(m, p, B, link, False, host)
+    return Prediction("filter", p, comp, {LAYERWISE: comm}, _memory(m.layers, B, 1 / p, gamma), {"filter": p},
+                      host_us=_nonzero({LAYERWISE: hw}))
 
 
-def channel(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0) -> Prediction:
-    comp, comm = _filter_like(m, p, B, link, channel=True)
-    return Prediction("channel", p, comp, {LAYERWISE: comm}, _memory(m.layers, B, 1 / p, gamma), {"channel": p})
+def channel(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, host: HostCosts = HostCosts()) -> Prediction:
+    comp, comm, hw = _filter_like(m, p, B, link, True, host)
+    return Prediction("channel", p, comp, {LAYERWISE: comm}, _memory(m.layers, B, 1 / p, gamma), {"channel": p},
+                      host_us=_nonzero({LAYERWISE: hw}))
 
 
-def _spatial_like(m: ModelProfile, p: int, b: float, link: Link) -> tuple[float, float, float, int, int]:
+def _nonzero(d: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in d.items() if v}
+
+
+def _spatial_like(m: ModelProfile, p: int, b: float, link: Link,
+                  host: HostCosts = HostCosts()) -> tuple[float, float, float, int, int, dict[str, float]]:
     """Compute, halo exchange and the row gather before the first non-spatial layer, the
-    spatial and the replicated weight bytes; height split over p devices, b samples."""
+    spatial and the replicated weight bytes, the host work around the halo exchange and
+    the gather; height split over p devices, b samples."""
     sp = [lay for lay in m.layers if lay.spatial]
     rest = [lay for lay in m.layers if not lay.spatial]
     comp = _time(sp, b / p) + _time(rest, b) + sum(lay.wu_us for lay in m.layers) + m.overhead_us
     nb = min(2, p - 1)  # neighbours of an inner device
-    halo = sum(2 * nb * link.p2p(b * lay.halo_bytes()) for lay in sp if lay.halo_bytes())
-    gather = link.allgather(p, b * sp[-1].y_bytes) if sp and rest and p > 1 else 0.0
-    return comp, halo, gather, sum(lay.w_bytes for lay in sp), sum(lay.w_bytes for lay in rest)
+    convs = [lay for lay in sp if lay.halo_bytes()] if p > 1 else []
+    halo = sum(2 * link.exchange(nb, b * lay.halo_bytes()) for lay in convs)
+    gathered = bool(sp and rest and p > 1)
+    gather = link.allgather(p, b * sp[-1].y_bytes) if gathered else 0.0
+    hw = {HALO: sum(sum(halo_host(host, b * lay.x_bytes / p, b * lay.halo_bytes())) for lay in convs),
+          LAYERWISE: sum(gather_host(host, b * sp[-1].y_bytes, p)) if gathered else 0.0}
+    return comp, halo, gather, sum(lay.w_bytes for lay in sp), sum(lay.w_bytes for lay in rest), hw
 
 
-def spatial(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0) -> Prediction:
-    comp, halo, gather, w_sp, _ = _spatial_like(m, p, B, link)
+def spatial(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, host: HostCosts = HostCosts()) -> Prediction:
+    comp, halo, gather, w_sp, _, hw = _spatial_like(m, p, B, link, host)
     sp = [lay for lay in m.layers if lay.spatial]
     mem = _memory(sp, B / p, 1.0, gamma) + _memory([x for x in m.layers if not x.spatial], B, 1.0, gamma)
     comm = {GE: link.allreduce(p, w_sp), HALO: halo, LAYERWISE: gather}
-    return Prediction("spatial", p, comp, comm, mem, {"spatial": p, "split": "height"})
+    hw[GE] = grads_host(host, w_sp, scaled=False)
+    return Prediction("spatial", p, comp, comm, mem, {"spatial": p, "split": "height"}, host_us=_nonzero(hw))
 
 
 def stages(m: ModelProfile, p: int) -> list[list[Layer]]:
@@ -188,29 +267,31 @@ def pipeline(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, mi
 
 
 def data_filter(m: ModelProfile, p1: int, p2: int, B: int, link: Link, gamma: float = 1.0,
-                contention: bool = True) -> Prediction:
+                contention: bool = True, host: HostCosts = HostCosts()) -> Prediction:
     """p1 data groups of p2 filter-parallel devices; with ``contention`` the p1 groups'
     collectives (and the p2 gradient all-reduces) run at once and share the link (φ)."""
     f1, f2 = (p1, p2) if contention else (1, 1)
-    comp, lw = _filter_like(m, p2, B / p1, link.shared(f1), channel=False)
+    comp, lw, hw = _filter_like(m, p2, B / p1, link.shared(f1), False, host)
     ge = link.shared(f2).allreduce(p1, m.weight_bytes() / p2)
     pr = Prediction("data+filter", p1 * p2, comp, {GE: ge, LAYERWISE: lw},
-                    _memory(m.layers, B / p1, 1 / p2, gamma), {"data": p1, "filter": p2})
+                    _memory(m.layers, B / p1, 1 / p2, gamma), {"data": p1, "filter": p2},
+                    host_us=_nonzero({LAYERWISE: hw, GE: grads_host(host, m.weight_bytes() / p2, scaled=True)}))
     pr.contention = float(max(f1, f2))
     return pr
 
 
 def data_spatial(m: ModelProfile, p1: int, p2: int, B: int, link: Link, gamma: float = 1.0,
-                 contention: bool = True) -> Prediction:
+                 contention: bool = True, host: HostCosts = HostCosts()) -> Prediction:
     """p1 data groups of p2 spatial devices: the spatial layers' gradients are summed over
     all p devices, the replicated ones' over the p1 groups (p2 at once: contention)."""
     f1, f2 = (p1, p2) if contention else (1, 1)
-    comp, halo, gather, w_sp, w_rest = _spatial_like(m, p2, B / p1, link.shared(f1))
+    comp, halo, gather, w_sp, w_rest, hw = _spatial_like(m, p2, B / p1, link.shared(f1), host)
     ge = link.allreduce(p1 * p2, w_sp) + link.shared(f2).allreduce(p1, w_rest)
+    hw[GE] = grads_host(host, w_sp, scaled=True) + grads_host(host, w_rest, scaled=True)
     sp = [lay for lay in m.layers if lay.spatial]
     mem = _memory(sp, B / (p1 * p2), 1.0, gamma) + _memory([x for x in m.layers if not x.spatial], B / p1, 1.0, gamma)
     pr = Prediction("data+spatial", p1 * p2, comp, {GE: ge, HALO: halo, LAYERWISE: gather}, mem,
-                    {"data": p1, "spatial": p2, "split": "height"})
+                    {"data": p1, "spatial": p2, "split": "height"}, host_us=_nonzero(hw))
     pr.contention = float(max(f1, f2))
     return pr
 
@@ -261,19 +342,21 @@ def predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Op
     """The best grid of ``strategy`` on ``p`` devices (hybrids: every p1 x p2 = p with both > 1);
     compute is slowed by the platform's core sharing (:meth:`Platform.slowdown`)."""
     pr = _predict(m, strategy, p, platform, opts)
-    pr.compute_us *= platform.slowdown(p)
+    f = platform.slowdown(p)
+    pr.compute_us *= f
+    pr.host_us = {k: v * f for k, v in pr.host_us.items()}
     return pr
 
 
 def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
-    link = Link(platform.alpha_us, platform.beta_us_per_byte)
+    link, host = link_of(platform, p), platform.calibration.host
     B, g = opts.batch, opts.gamma
     lim = Limits.of(m, B)
     if strategy in ("data+filter", "data+spatial"):
         fn = data_filter if strategy == "data+filter" else data_spatial
-        cands = [fn(m, p // k, k, B, link, g, opts.contention) for k in range(2, p) if p % k == 0]
+        cands = [fn(m, p // k, k, B, link, g, opts.contention, host) for k in range(2, p) if p % k == 0]
         if not cands:
-            pr = fn(m, p, 1, B, link, g, opts.contention)
+            pr = fn(m, p, 1, B, link, g, opts.contention, host)
             pr.grid = {"data": p, strategy.split("+")[1]: 1}
             _mark(pr, ("devices", f"{p} devices have no split into two groups of 2 or more"), opts)
             return pr
@@ -281,8 +364,12 @@ def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: O
             _mark(c, lim.check(strategy, c.grid), opts)
         ok = [c for c in cands if c.feasible]
         return min(ok or cands, key=lambda c: c.iteration_us)
-    fn = {"data": data, "spatial": spatial, "filter": filter_, "channel": channel}.get(strategy)
-    pr = fn(m, p, B, link, g) if fn else pipeline(m, p, B, link, g, opts.micro)
+    if strategy == "data":
+        pr = data(m, p, B, link, g)
+    elif strategy in ("spatial", "filter", "channel"):
+        pr = {"spatial": spatial, "filter": filter_, "channel": channel}[strategy](m, p, B, link, g, host)
+    else:
+        pr = pipeline(m, p, B, link, g, opts.micro)
     _mark(pr, lim.check(strategy, pr.grid), opts)
     return pr
 
@@ -294,4 +381,4 @@ def _mark(pr: Prediction, lim: tuple[str, str] | None, opts: Options) -> None:
         pr.feasible, (pr.limit, pr.limit_reason) = False, lim
     comm = pr.communication_us
     top = max(comm, key=lambda k: comm[k]) if comm else None
-    pr.bottleneck = top if top is not None and comm[top] > pr.compute_us else "compute"
+    pr.bottleneck = top if top is not None and comm[top] > pr.busy_us else "compute"

@@ -74,13 +74,14 @@ class OracleResult:
                  "compute_us": x.compute_us if math.isfinite(x.compute_us) else None,
                  "communication_us": {k: (v if math.isfinite(v) else None) for k, v in x.communication_us.items()},
                  "exposed_communication_us": x.comm_us if math.isfinite(x.comm_us) else None,
+                 "host_us": x.host_us,
                  "memory_bytes": x.memory_bytes, "feasible": x.feasible, "limit": x.limit,
                  "limit_reason": x.limit_reason, "rank": x.rank, "bottleneck": x.bottleneck,
                  "contention": x.contention, "grid": x.grid, "launcher": self.launcher(x)}
             sim = self.simulated.get((x.strategy, x.devices))
             if sim is not None:  # what the replayed schedule leaves of the communication exposed
                 d["simulated_iteration_us"] = sim if math.isfinite(sim) else None
-                d["simulated_exposed_communication_us"] = max(0.0, sim - x.compute_us) if math.isfinite(sim) else None
+                d["simulated_exposed_communication_us"] = max(0.0, sim - x.busy_us) if math.isfinite(sim) else None
             rows.append(d)
         return {
             "batch": self.batch, "devices": self.devices, "memory_budget_bytes": self.memory_budget,

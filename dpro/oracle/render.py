@@ -28,6 +28,8 @@ def print_oracle(res: OracleResult, path: Path) -> None:
                       key=lambda x: (not x.feasible, x.iteration_us if math.isfinite(x.iteration_us) else math.inf))
         for x in rows:
             phases = " ".join(f"{_SHORT[k]} {v / 1e3:.2f}" for k, v in x.communication_us.items() if v and math.isfinite(v))
+            if x.host_us:  # the host work around the collectives (calibrated copies, Functions)
+                phases += f" +host {sum(x.host_us.values()) / 1e3:.2f}"
             sim = res.simulated.get((x.strategy, n))
             tail = x.bottleneck if x.feasible else f"infeasible: {x.limit_reason}"
             click.echo(f"  {x.strategy:<13} {x.rank or '-':>4}  {_ms(x.iteration_us)}{'' if sim is None or not math.isfinite(sim) else f' (sim {sim / 1e3:.2f})'}"

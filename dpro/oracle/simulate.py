@@ -24,7 +24,19 @@ from __future__ import annotations
 import math
 
 from dpro.graph.builder import GraphBuilder
-from dpro.oracle.formulas import Link, Options, Prediction, _blocks, stages
+from dpro.oracle.calibration import HostCosts
+from dpro.oracle.formulas import (
+    Link,
+    Options,
+    Prediction,
+    _blocks,
+    channel_host,
+    gather_host,
+    grads_host,
+    halo_host,
+    link_of,
+    stages,
+)
 from dpro.oracle.layers import CHANNELWISE, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
 from dpro.replayer.engine import simulate
@@ -78,7 +90,8 @@ def _share(m: ModelProfile, strategy: str) -> set[str]:
     return {x.name for x in m.layers}  # data: every layer on its own samples
 
 
-def _layered(m: ModelProfile, pr: Prediction, link: Link, B: int, contention: bool, slowdown: float) -> float:
+def _layered(m: ModelProfile, pr: Prediction, link: Link, B: int, contention: bool, slowdown: float,
+             h: HostCosts = HostCosts()) -> float:
     s, p = pr.strategy, pr.devices
     p1 = pr.grid.get("data", 1) if "+" in s or s == "data" else 1
     p2 = p // p1
@@ -100,28 +113,48 @@ def _layered(m: ModelProfile, pr: Prediction, link: Link, B: int, contention: bo
         n = b / p2 if x.name in split and p2 > 1 else b
         return (x.bw_us * n + x.bw_call_us) if bw else (x.fw_us * n + x.fw_call_us)
 
+    def host(c: int, name: str, us: float) -> None:  # host work around a collective (copies, Functions)
+        if us > 0:
+            g.compute(c, name, us, "OTHER")
+
+    gathered = s in ("spatial", "data+spatial") and sp and len(sp) < len(m.layers)
     for x in m.layers:  # forward
         for c in range(chains):
             if s in ("spatial", "data+spatial") and x.halo_bytes() and nb > 0:
-                g.collective([c], f"halo fw {x.name}", nb * link.p2p(b * x.halo_bytes()), f"g{c}")
+                host(c, f"halo host fw {x.name}", halo_host(h, b * x.x_bytes / p2, b * x.halo_bytes())[0])
+                g.collective([c], f"halo fw {x.name}", link.exchange(nb, b * x.halo_bytes()), f"g{c}")
+            if s == "channel" and x.kind == WEIGHTED:
+                host(c, f"slice {x.name}", channel_host(h, b * x.x_bytes, b * x.y_bytes, p2, True)[0])
             g.compute(c, f"FW {x.name}", t(x, False))
             if s in ("filter", "data+filter") and x.name in last_of:
                 g.collective([c], f"allgather {x.name}", link.allgather(p2, b * x.y_bytes), f"g{c}")
+                host(c, f"cat {x.name}", gather_host(h, b * x.y_bytes, p2)[0])
             if s == "channel" and x.kind == WEIGHTED:
                 g.collective([c], f"allreduce {x.name}", link.allreduce(p2, b * x.y_bytes), f"g{c}")
-            if s in ("spatial", "data+spatial") and sp and x is sp[-1] and len(sp) < len(m.layers):
+            if gathered and x is sp[-1]:
                 g.collective([c], f"gather rows {x.name}", link.allgather(p2, b * x.y_bytes), f"g{c}")
+                host(c, f"cat rows {x.name}", gather_host(h, b * x.y_bytes, p2)[0])
     for x in reversed(m.layers):  # backward
         for c in range(chains):
+            if gathered and x is sp[-1]:
+                host(c, f"slice rows {x.name}", gather_host(h, b * x.y_bytes, p2)[1])
+            if s in ("filter", "data+filter") and x.name in last_of:
+                host(c, f"slice {x.name}", gather_host(h, b * x.y_bytes, p2)[1])
             g.compute(c, f"BW {x.name}", t(x, True), "BW")
             if s in ("filter", "data+filter") and first_of.get(x.name, 0) > 0:
                 g.collective([c], f"allreduce dx {x.name}", link.allreduce(p2, b * x.x_bytes), f"g{c}")
             if s == "channel" and first_of.get(x.name, 0) > 0:
                 g.collective([c], f"allgather dx {x.name}", link.allgather(p2, b * x.x_bytes), f"g{c}")
+                host(c, f"cat dx {x.name}", channel_host(h, b * x.x_bytes, b * x.y_bytes, p2, False)[1])
             if s in ("spatial", "data+spatial") and x.halo_bytes() and nb > 0:
-                g.collective([c], f"halo bw {x.name}", nb * link.p2p(b * x.halo_bytes()), f"g{c}")
+                g.collective([c], f"halo bw {x.name}", link.exchange(nb, b * x.halo_bytes()), f"g{c}")
+                host(c, f"halo host bw {x.name}", halo_host(h, b * x.x_bytes / p2, b * x.halo_bytes())[1])
     every = list(range(chains))
     W, w_sp = m.weight_bytes(), sum(x.w_bytes for x in sp)
+    ge_host = {"spatial": grads_host(h, w_sp, False), "data+filter": grads_host(h, W / p2, True),
+               "data+spatial": grads_host(h, w_sp, True) + grads_host(h, W - w_sp, True)}.get(s, 0.0)
+    for c in range(chains):
+        host(c, "gradient copies", ge_host)
     if s == "data":
         g.collective(every, "gradient allreduce", link.allreduce(p, W), "ge")
     elif s == "spatial":
@@ -178,8 +211,8 @@ def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: flo
 
 def simulate_prediction(m: ModelProfile, pr: Prediction, plat: Platform, opts: Options) -> float:
     """The replayed iteration time (µs) of prediction ``pr``'s strategy and grid (NaN: too large to simulate)."""
-    link = Link(plat.alpha_us, plat.beta_us_per_byte)
+    link = link_of(plat, pr.devices)
     f = plat.slowdown(pr.devices)
     if pr.strategy == "pipeline":
         return _pipeline(m, pr, link, opts.batch, f)
-    return _layered(m, pr, link, opts.batch, opts.contention, f)
+    return _layered(m, pr, link, opts.batch, opts.contention, f, plat.calibration.host)
