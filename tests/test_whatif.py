@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dpro.whatif.builtin import compute_speed, fused_optimizer, network, p3
+from dpro.whatif.builtin import compute_speed, fused_optimizer, mixed_precision, network, p3
 from dpro.whatif.graph import Op, WhatIfGraph
 from dpro.whatif.models import Transfer, allreduce_us, multiplex, share_bandwidth
 from dpro.whatif.platform import parse_bandwidth, parse_time_us, parse_workers
@@ -92,6 +92,34 @@ def test_compute_speed_and_network():
     assert g.ops[c.id].dur == 2 and g.simulate().iteration_us == 7
 
 
+
+def _amp_graph() -> WhatIfGraph:
+    g = WhatIfGraph()
+    ops = [_op(g, "w0/aten::linear#0", 10), _op(g, "w0/aten::linear#1", 30), _op(g, "w0/aten::relu#2", 5),
+           _op(g, "w0/autograd::engine::evaluate_function: AddmmBackward0#3", 20, cat="BW")]
+    for a, b in zip(ops, ops[1:]):
+        g.connect(a, b)
+    return g
+
+
+def test_mixed_precision_factors_and_absolute(tmp_path, monkeypatch):
+    g = _amp_graph()
+    mixed_precision(g, factors={"matmul": {"FW": 2.0, "BW": 10.0}})
+    assert g.simulate().iteration_us == pytest.approx(20 + 60 + 5 + 200)
+    # absolute: the class's ops get the calibrated time in all, each its share of the profile's
+    cal = tmp_path / "amp.json"
+    cal.write_text('{"factors": {"matmul": {"FW": 2, "BW": 10}}, "times_us": {"matmul": {"FW": 200, "BW": 1000}}}')
+    monkeypatch.setenv("DPRO_AMP_FACTORS", str(cal))
+    g = _amp_graph()
+    mixed_precision(g, absolute=1)
+    assert [round(op.dur, 6) for op in sorted(g.select(lambda o: True), key=lambda o: o.id)] == [50, 150, 5, 1000]
+    assert g.simulate().iteration_us == pytest.approx(1205)
+    cal.write_text('{"factors": {"matmul": {"FW": 2, "BW": 10}}}')
+    from dpro.errors import DproInputError
+
+    with pytest.raises(DproInputError, match="times_us"):
+        mixed_precision(_amp_graph(), absolute=1)
+
 def test_fused_optimizer_one_launch():
     g = WhatIfGraph()
     bw = _op(g, "bw", 10, cat="BW")
@@ -157,6 +185,20 @@ def test_async_simulation_throughput():
     # worker 0 pulls alone 210-220 (10 B), then both share: worker 0 ends at 300, worker 1 at 310
     assert simulate_async(2, [100.0], [50], [1], t, 10, 0.0, 2) == pytest.approx(2e6 / 310, rel=1e-6)
 
+
+
+def test_async_simulation_worker_ports_and_cores():
+    t = Transfer(0.0, 1.0)
+    # one worker, two servers of 50 B each: its own link carries both pushes, 0.5 B/µs each:
+    # 100 compute + 100 push + 100 pull = 300 µs (200 if each server's port were its only limit)
+    assert simulate_async(1, [100.0], [50, 50], [1, 1], t, 0, 0, 10) == pytest.approx(1e6 / 300)
+    assert simulate_async(1, [100.0], [50, 50], [1, 1], t, 0, 0, 10, worker_ports=False) == pytest.approx(1e6 / 200)
+    # four workers computing on two cores (no communication): 200 µs a step each
+    assert simulate_async(4, [100.0], [0], [0], t, 0, 0, 400, cores=2) == pytest.approx(4e6 / 200)
+    assert simulate_async(4, [100.0], [0], [0], t, 0, 0, 400) == pytest.approx(4e6 / 100)
+    # two workers, one core: 200 µs of computing together, then both push (50 B each, sharing
+    # the server's port: 100 µs) and pull (100 µs): 400 µs per pair of steps
+    assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000, cores=1) == pytest.approx(2e6 / 400)
 
 def test_units():
     assert parse_bandwidth("8Mbit") == pytest.approx(1.0)
