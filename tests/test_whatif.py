@@ -293,6 +293,23 @@ def test_workers_sharing_cores(comm, expected):
     assert p.iteration_us == pytest.approx(expected, rel=1e-4)
 
 
+
+@pytest.mark.parametrize("n, pinned, expected", [(3, False, 150.0), (3, True, 200.0), (4, True, 200.0),
+                                                 (5, True, 300.0), (2, True, 100.0)])
+def test_pinned_ranks_sharing_cores(n, pinned, expected):
+    """Ranks of 100 µs CPU a step on 2 cores: shared freely, 3 of them need 150 µs (3*100/2);
+    bound to core rank % 2, the busiest core runs ceil(3/2) = 2 of them: 200 µs (5: 3, 300 µs)."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, deflate_contended
+
+    g = WhatIfGraph()
+    _op(g, "fw", 100.0)
+    c = Cluster(n, host_cores=2, pinned=pinned)
+    assert _oversubscribed(g, c, lambda h: _simulate_point(h, n, None)).iteration_us == pytest.approx(expected, rel=1e-4)
+    if pinned:  # a pinned profile of n ranks ran at 1/ceil(n/2) of a core: deflated back to 100 µs
+        h = WhatIfGraph()
+        _op(h, "fw", expected)
+        assert deflate_contended(h, replace(c, comm_cpu=Transfer(0.0, 0.0)), n) == pytest.approx(expected / 100)
+
 def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
     """The golden Horovod recording (2 workers, gloo): the profiled cluster predicts what
     `dpro replay` does, more workers take longer (ring: 2(N-1)/N of the bytes per link)."""

@@ -192,6 +192,8 @@ def main() -> None:
     net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
     common = ["--host-cores", str(o.host_cores)]
+    if jobenv.default_for("hvd" if o.framework == "horovod" else "ddp").pin:
+        common.append("--pinned")  # each rank bound to core rank % cores (jobenv)
     if "cpu_alpha_us" in json.loads(plat.read_text()).get("allreduce", {}):
         common += ["--cpu-cost", str(plat)]  # the collectives' CPU, measured by dpro calibrate
     rows = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -74,6 +75,9 @@ class Cluster:
     profiled_bandwidth: float | None = None
     #: CPU time per rank of an all-reduce (``dpro calibrate``), for ``host_cores``
     comm_cpu: Transfer | None = None
+    #: with ``host_cores``: each rank bound to core ``rank % host_cores`` (``taskset``,
+    #: ``--bind-to core``), so the busiest core runs ``ceil(workers / host_cores)`` ranks
+    pinned: bool = False
 
 
 @dataclass
@@ -274,7 +278,8 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     ``c.comm_cpu`` (``dpro calibrate``'s CPU time of a collective), the CPU its collectives
     take (the library's reductions and copies, the kernel's socket work:
     ``allreduce_us(bytes, N, comm_cpu)`` each). N of them fit on C cores only if the step
-    lasts at least ``N*busy/C``. Processor sharing slows every computation op by the least
+    lasts at least ``N*busy/C`` (``c.pinned``, each rank bound to core ``rank % C``: the
+    busiest core's ``ceil(N/C)*busy``). Processor sharing slows every computation op by the least
     factor ``f >= 1`` with ``T(f) >= N*busy/C``, and a collective takes the longer of its
     link time and its CPU time ``* f`` (bisection: the step ``T`` grows with ``f``). A
     CPU-bound job slows by N/C; one whose workers wait on the network lends those waits to
@@ -289,7 +294,9 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     comm_cpu = {} if c.comm_cpu is None else {
         op.id: allreduce_us(op.bytes, n, c.comm_cpu) for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"}
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
-    need = n * (busy + sum(comm_cpu.values())) / cores
+    # N ranks' CPU on C cores; pinned, the busiest core runs ceil(N/C) of them
+    cpu = busy + sum(comm_cpu.values())
+    need = math.ceil(n / cores) * cpu if c.pinned else n * cpu / cores
 
     def at(f: float) -> Point:
         h = g.copy()
@@ -326,7 +333,7 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
     cpu = sum(allreduce_us(op.bytes, profiled, c.comm_cpu) for op in g.ops.values()
               if op.attrs.get("sub_op") == "ALLREDUCE")
-    room = c.host_cores * t / profiled - cpu
+    room = (t / math.ceil(profiled / c.host_cores) if c.pinned else c.host_cores * t / profiled) - cpu
     if room <= 0 or busy <= room:
         return 1.0
     f = busy / room
