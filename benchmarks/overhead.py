@@ -35,6 +35,11 @@ Paths (the launchers are the fidelity harness's, benchmarks/fidelity/):
 * ``tf``: TensorFlow 2 + Horovod, examples/tensorflow/hvd_recorder.py (``call_us``), .venv-tf;
 * ``mx``: MXNet 1.9 parameter server (1 server), examples/mxnet/train_ps.py, .venv-mx.
 
+Job settings: every run, on and off, with benchmarks/jobenv.py's ``default_for(path)`` (one
+compute thread per process; each rank bound to core ``rank % cores``, DDP's not;
+``--settings`` picks one of ``jobenv.SETTINGS`` for all): the settings under which the same
+job repeats best on this machine (docs/fidelity.md "Profiling overhead").
+
 Networks: ``lo`` (loopback) and ``cap`` (each rank in its own network namespace behind a
 tbf rate cap, benchmarks/fidelity/netns.py; needs root, skipped otherwise).
 
@@ -59,6 +64,8 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE / "fidelity"))
+sys.path.insert(0, str(HERE))
+import jobenv  # noqa: E402
 import ps_jobs  # noqa: E402
 import run as fid  # noqa: E402
 import tf_jobs  # noqa: E402
@@ -164,8 +171,9 @@ def _read_steps(job: Job, run_dir: Path) -> list[float]:
 
 
 def launch(job: Job, run_dir: Path, variant: str, env_extra: dict[str, str], net: NetnsCluster | None,
-           ports: fid.PortAllocator, log) -> Run:
-    """One run of ``job`` (``variant`` "off": dpro disabled), timed by the job itself."""
+           ports: fid.PortAllocator, log, settings: jobenv.JobSettings = jobenv.DEFAULT) -> Run:
+    """One run of ``job`` (``variant`` "off": dpro disabled), timed by the job itself, with the
+    job ``settings`` (benchmarks/jobenv.py; the same for on- and off-runs)."""
     on = variant != "off"
     env_extra = dict(env_extra)
     direct = env_extra.pop(DIRECT, "") == "1"  # recorder on without `dpro profile`
@@ -184,6 +192,7 @@ def launch(job: Job, run_dir: Path, variant: str, env_extra: dict[str, str], net
         cmds = [[x for a in c for x in (rec if a == "DPRO_DISABLE=1" else [a])] for c in cmds]
     if on and env_extra:
         cmds = [["env", *[f"{k}={v}" for k, v in env_extra.items()], *c] for c in cmds]
+    cmds = [settings.apply(c) for c in cmds]
     t0 = time.monotonic()
     err = fid.run_processes(cmds, run_dir / "logs", RUN_TIMEOUT_S, log)
     r = Run(variant, err is None, wall_s=time.monotonic() - t0, error=err)
@@ -291,6 +300,9 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=3, help="runs per variant and off-runs per job")
     ap.add_argument("--variants", default="default=",
                     help="on-variants: name=ENV=V+ENV2=V2,...; each runs with these variables added")
+    ap.add_argument("--settings", default="", choices=["", *jobenv.SETTINGS],
+                    help="job settings of every run, on and off (benchmarks/jobenv.py); default: "
+                         "jobenv.default_for(path)")
     ap.add_argument("--quick", action="store_true", help="2 workers, loopback, k=2")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' directories here")
@@ -309,7 +321,11 @@ def main() -> None:
     log = print if a.verbose else (lambda _s: None)
     ports = fid.PortAllocator(29700)
     rows = []
-    print(f"# {len(jobs)} jobs, k={a.k}, variants {', '.join(variants)}; "
+    def settings_of(job: Job) -> jobenv.JobSettings:
+        return jobenv.SETTINGS[a.settings] if a.settings else jobenv.default_for(job.path)
+
+    print(f"# {len(jobs)} jobs, k={a.k}, variants {', '.join(variants)}, job settings "
+          f"{', '.join(sorted({f'{j.path}: {settings_of(j).name}' for j in jobs}))}; "
           f"{os.cpu_count()} CPUs; in-window / whole-run overhead vs dpro off (medians over runs)", flush=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent / "whatif"))
     from boost import boosted
@@ -325,11 +341,11 @@ def main() -> None:
                 for i in range(a.k):
                     for v in [*variants, "off"]:
                         runs.append(launch(job, Path(tmp) / job.name / f"{v}{i}", v, variants.get(v, {}),
-                                           net, ports, log))
+                                           net, ports, log, settings_of(job)))
             finally:
                 if net_cm is not None:
                     net_cm.__exit__(None, None, None)
-            rows.append(figures(job, runs))
+            rows.append({**figures(job, runs), "settings": settings_of(job).name})
             print_row(rows[-1])
             if a.json_out:
                 a.json_out.write_text(json.dumps({"k": a.k, "variants": variants, "rows": rows}, indent=1))

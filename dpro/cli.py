@@ -554,6 +554,8 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
 @click.option("--steps", "sim_steps", default=1000, show_default=True, help="Steps of the asynchronous simulation.")
 @click.option("--host-cores", type=int, default=None, metavar="C",
               help="All workers share C cores of one host (local runs): compute slows by workers/C beyond C.")
+@click.option("--pinned", is_flag=True,
+              help="With --host-cores: each rank is bound to core rank % C, so the busiest core runs ceil(N/C) ranks.")
 @click.option("--cpu-cost", "cpu_file", type=click.Path(path_type=Path), default=None,
               help="Platform file (dpro calibrate) whose all-reduce CPU time per rank counts as CPU demand "
                    "with --host-cores (default: --platform's, if it has one).")
@@ -569,7 +571,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
                profiled_bandwidth: str | None, latency: str | None,
                platform_file: Path | None, algorithm: str, asynchronous: bool, sim_steps: int,
                host_cores: int | None, apply_specs: tuple[str, ...], modules: tuple[str, ...], list_only: bool,
-               as_json: bool, no_align: bool, rank_pattern: str, cpu_file: Path | None = None) -> None:
+               as_json: bool, no_align: bool, rank_pattern: str, cpu_file: Path | None = None,
+               pinned: bool = False) -> None:
     """What if the job traced in PATH ran differently (docs/whatif.md)?
 
     \b
@@ -641,7 +644,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 
     nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
     pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores,
-                   profiled_bandwidth=pbw, comm_cpu=cpu_cost)
+                   profiled_bandwidth=pbw, comm_cpu=cpu_cost, pinned=pinned)
            for n in (counts or [nprof])]
     res = predict(job, pts, plat, whatifs=calls)
     if as_json:

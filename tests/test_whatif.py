@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dpro.whatif.builtin import compute_speed, fused_optimizer, network, p3
+from dpro.whatif.builtin import compute_speed, fused_optimizer, mixed_precision, network, p3
 from dpro.whatif.graph import Op, WhatIfGraph
 from dpro.whatif.models import Transfer, allreduce_us, multiplex, share_bandwidth
 from dpro.whatif.platform import parse_bandwidth, parse_time_us, parse_workers
@@ -92,6 +92,34 @@ def test_compute_speed_and_network():
     assert g.ops[c.id].dur == 2 and g.simulate().iteration_us == 7
 
 
+
+def _amp_graph() -> WhatIfGraph:
+    g = WhatIfGraph()
+    ops = [_op(g, "w0/aten::linear#0", 10), _op(g, "w0/aten::linear#1", 30), _op(g, "w0/aten::relu#2", 5),
+           _op(g, "w0/autograd::engine::evaluate_function: AddmmBackward0#3", 20, cat="BW")]
+    for a, b in zip(ops, ops[1:]):
+        g.connect(a, b)
+    return g
+
+
+def test_mixed_precision_factors_and_absolute(tmp_path, monkeypatch):
+    g = _amp_graph()
+    mixed_precision(g, factors={"matmul": {"FW": 2.0, "BW": 10.0}})
+    assert g.simulate().iteration_us == pytest.approx(20 + 60 + 5 + 200)
+    # absolute: the class's ops get the calibrated time in all, each its share of the profile's
+    cal = tmp_path / "amp.json"
+    cal.write_text('{"factors": {"matmul": {"FW": 2, "BW": 10}}, "times_us": {"matmul": {"FW": 200, "BW": 1000}}}')
+    monkeypatch.setenv("DPRO_AMP_FACTORS", str(cal))
+    g = _amp_graph()
+    mixed_precision(g, absolute=1)
+    assert [round(op.dur, 6) for op in sorted(g.select(lambda o: True), key=lambda o: o.id)] == [50, 150, 5, 1000]
+    assert g.simulate().iteration_us == pytest.approx(1205)
+    cal.write_text('{"factors": {"matmul": {"FW": 2, "BW": 10}}}')
+    from dpro.errors import DproInputError
+
+    with pytest.raises(DproInputError, match="times_us"):
+        mixed_precision(_amp_graph(), absolute=1)
+
 def test_fused_optimizer_one_launch():
     g = WhatIfGraph()
     bw = _op(g, "bw", 10, cat="BW")
@@ -157,6 +185,18 @@ def test_async_simulation_throughput():
     # worker 0 pulls alone 210-220 (10 B), then both share: worker 0 ends at 300, worker 1 at 310
     assert simulate_async(2, [100.0], [50], [1], t, 10, 0.0, 2) == pytest.approx(2e6 / 310, rel=1e-6)
 
+
+
+def test_async_simulation_shared_cores():
+    t = Transfer(0.0, 1.0)
+    # one worker, two servers of 50 B each, each port its own: 100 + 50 + 50 = 200 µs
+    assert simulate_async(1, [100.0], [50, 50], [1, 1], t, 0, 0, 10) == pytest.approx(1e6 / 200)
+    # four workers computing on two cores (no communication): 200 µs a step each
+    assert simulate_async(4, [100.0], [0], [0], t, 0, 0, 400, cores=2) == pytest.approx(4e6 / 200)
+    assert simulate_async(4, [100.0], [0], [0], t, 0, 0, 400) == pytest.approx(4e6 / 100)
+    # two workers, one core: 200 µs of computing together, then both push (50 B each, sharing
+    # the server's port: 100 µs) and pull (100 µs): 400 µs per pair of steps
+    assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000, cores=1) == pytest.approx(2e6 / 400)
 
 def test_units():
     assert parse_bandwidth("8Mbit") == pytest.approx(1.0)
@@ -252,6 +292,23 @@ def test_workers_sharing_cores(comm, expected):
     p = _oversubscribed(g, Cluster(4, host_cores=2), lambda h: _simulate_point(h, 4, None))
     assert p.iteration_us == pytest.approx(expected, rel=1e-4)
 
+
+
+@pytest.mark.parametrize("n, pinned, expected", [(3, False, 150.0), (3, True, 200.0), (4, True, 200.0),
+                                                 (5, True, 300.0), (2, True, 100.0)])
+def test_pinned_ranks_sharing_cores(n, pinned, expected):
+    """Ranks of 100 µs CPU a step on 2 cores: shared freely, 3 of them need 150 µs (3*100/2);
+    bound to core rank % 2, the busiest core runs ceil(3/2) = 2 of them: 200 µs (5: 3, 300 µs)."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, deflate_contended
+
+    g = WhatIfGraph()
+    _op(g, "fw", 100.0)
+    c = Cluster(n, host_cores=2, pinned=pinned)
+    assert _oversubscribed(g, c, lambda h: _simulate_point(h, n, None)).iteration_us == pytest.approx(expected, rel=1e-4)
+    if pinned:  # a pinned profile of n ranks ran at 1/ceil(n/2) of a core: deflated back to 100 µs
+        h = WhatIfGraph()
+        _op(h, "fw", expected)
+        assert deflate_contended(h, replace(c, comm_cpu=Transfer(0.0, 0.0)), n) == pytest.approx(expected / 100)
 
 def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
     """The golden Horovod recording (2 workers, gloo): the profiled cluster predicts what

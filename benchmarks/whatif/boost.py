@@ -5,9 +5,14 @@ session (``setsid``: torchrun's and horovodrun's ranks, our own launcher's proce
 its own group, and groups share the CPU equally whatever their processes' ``nice``: other
 work niced to 19 in another session still takes an equal share from the measured job.
 While :func:`boosted` is active, a thread gives the autogroup of every descendant of this
-process the group nice ``NICE`` (root; elsewhere it does nothing and says so), so other
+process (but its own) the group nice ``NICE`` (root; elsewhere it does nothing and says so), so other
 sessions only get the CPU the measured job leaves idle. Inside the job, its processes
 share the cores as usual (same scheduler class, equal nice).
+
+The group nice follows the caller (:func:`caller_nice`): under benchmarks/measure.sh (the
+caller's own autogroup at -19, holding the measuring lock) the jobs get -19; a harness
+started under ``nice -n 19`` (a test run outside the lock) gives its jobs +19, so that it
+never takes CPU from a measurement; otherwise the caller's autogroup nice.
 """
 
 from __future__ import annotations
@@ -47,45 +52,68 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def _group(pid: int | str) -> str:
+    """``/autogroup-N`` of a process ("" if unreadable)."""
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def boost_once(root: int, nice: int = NICE) -> int:
-    """Set the autogroup nice of ``root``'s and its descendants' groups; returns how many changed."""
-    n = 0
-    for pid in [root, *descendants(root)]:
+    """Set the autogroup nice of ``root``'s descendants' groups, all but the caller's own
+    group (that one is measure.sh's to set); returns how many changed."""
+    n, own = 0, _group("self")
+    for pid in descendants(root):
         f = Path(f"/proc/{pid}/autogroup")
         try:
-            if f.read_text().split()[-1] != str(nice):
+            group, _, value = f.read_text().split()
+            if group != own and value != str(nice):
                 f.write_text(str(nice))
                 n += 1
-        except (OSError, IndexError):
+        except (OSError, ValueError):
             continue
     return n
 
 
+def caller_nice() -> int:
+    """The group nice the caller's jobs get: the caller's own autogroup nice when below 0
+    (-19 under measure.sh), else 19 if this process is niced (a run outside the measuring
+    lock), else the caller's own autogroup nice."""
+    try:
+        own = int(Path("/proc/self/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        own = 0
+    return 19 if own >= 0 and os.getpriority(os.PRIO_PROCESS, 0) > 0 else own
+
+
 @contextlib.contextmanager
-def boosted(period_s: float = 0.5) -> Iterator[bool]:
-    """Boost this process's descendants every ``period_s`` while the block runs; yields
-    whether boosting works here (autogroup on, and allowed to set it)."""
+def boosted(period_s: float = 0.5, nice: int | None = None) -> Iterator[bool]:
+    """Give this process's descendants' autogroups the group nice ``nice`` (default:
+    :func:`caller_nice`) every ``period_s`` while the block runs; yields whether they are
+    boosted (autogroup on, allowed to set it, and the nice is ``NICE``)."""
+    nice = caller_nice() if nice is None else nice
     ag = Path("/proc/sys/kernel/sched_autogroup_enabled")
     try:
-        on = ag.read_text().strip() == "1"
-        boost_once(os.getpid())
-        ok = on and Path(f"/proc/{os.getpid()}/autogroup").read_text().split()[-1] == str(NICE)
+        ok = ag.read_text().strip() == "1" and os.geteuid() == 0 and bool(_group("self"))
     except OSError:
         ok = False
     if not ok:
         log.warning("boost: autogroup off or not allowed: the measured jobs share the CPU with other sessions")
         yield False
         return
+    if nice != NICE:
+        log.warning("boost: not under benchmarks/measure.sh: the jobs' autogroups get nice %d, not %d", nice, NICE)
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.wait(period_s):
-            boost_once(os.getpid())
+            boost_once(os.getpid(), nice)
 
     t = threading.Thread(target=loop, daemon=True)
     t.start()
     try:
-        yield True
+        yield nice == NICE
     finally:
         stop.set()
         t.join()

@@ -25,6 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import jobenv  # noqa: E402  (the jobs' thread and pinning settings, shared with the other harnesses)
 
 
 def _load(name: str, path: Path):
@@ -56,13 +58,14 @@ def main() -> None:
     fid = _load("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
     dpro = [str(pj.MX / "python"), "-m", "dpro.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    js = jobenv.default_for("mx")  # profiled and measured alike
     rows = []
     for kv in o.kvstores.split(","):
         d = o.out / kv
         trace = d / "profile_1w1s"
         if not trace.exists():
             pj.run([*dpro, "profile", "-o", str(trace), "--warmup", str(pj.WARMUP), "--steps", str(pj.STEPS), "--",
-                    *pj.job_cmd(o.model, 1, 1, d / "timing_prof", pj.WARMUP + pj.STEPS + 2, o.cap_mbit),
+                    *js.apply(pj.job_cmd(o.model, 1, 1, d / "timing_prof", pj.WARMUP + pj.STEPS + 2, o.cap_mbit)),
                     "--kvstore", kv], env=env)
         for s in [int(x) for x in o.servers.split(",")]:
             args = ["whatif", str(trace), "--workers", o.workers, "--servers", str(s), "--json",
@@ -77,7 +80,7 @@ def main() -> None:
                     tdir = d / f"truth_{w}w{s}s" / f"run{k}"
                     if not (tdir / "load.json").exists():
                         meter = fid.CpuMeter()
-                        pj.run([*pj.job_cmd(o.model, w, s, tdir, pj.WARMUP + 15, o.cap_mbit), "--kvstore", kv],
+                        pj.run([*js.apply(pj.job_cmd(o.model, w, s, tdir, pj.WARMUP + 15, o.cap_mbit)), "--kvstore", kv],
                                env={**env, "DPRO_DISABLE": "1"})
                         (tdir / "load.json").write_text(json.dumps({"foreign_cpu_pct": meter.foreign_pct(),
                                                                     "load_avg_1m": os.getloadavg()[0]}))

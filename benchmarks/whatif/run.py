@@ -39,6 +39,8 @@ PY = sys.executable
 TRAIN = ROOT / "examples" / "pytorch" / "train_ddp.py"
 HVD_TRAIN = ROOT / "examples" / "pytorch" / "hvd_recorder.py"
 HVD_NETNS = ROOT / "benchmarks" / "fidelity" / "hvd_netns.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import jobenv  # noqa: E402  (the jobs' thread and pinning settings, shared with the other harnesses)
 
 
 def _fidelity():
@@ -52,15 +54,17 @@ def _fidelity():
 def launch(n: int, port: int, args: list[str], cap_mbit: float | None, fid, log_dir: Path,
            timeout: float = 900) -> None:
     """Run n ranks of train_ddp.py: torchrun over loopback, or (``cap_mbit``) one network
-    namespace per rank with a tbf cap on its link (benchmarks/fidelity/netns.py; root)."""
+    namespace per rank with a tbf cap on its link (benchmarks/fidelity/netns.py; root);
+    profiled and measured alike with ``jobenv.default_for("ddp")``."""
     os.environ["OMP_NUM_THREADS"] = "1"
+    s = jobenv.default_for("ddp")
     if cap_mbit is None:
-        cmds = [[PY, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-                 "--master_port", str(port), str(TRAIN), *args]]
+        cmds = [s.apply([PY, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
+                         "127.0.0.1", "--master_port", str(port), str(TRAIN), *args])]
         err = fid.run_processes(cmds, log_dir, timeout, lambda _: None)
     else:
         with fid.NetnsCluster(n, rate_mbit=cap_mbit) as net:
-            cmds = [net.exec_prefix(r) + ["env", *net.env_assignments(r, port), PY, str(TRAIN), *args]
+            cmds = [net.exec_prefix(r) + s.apply(["env", *net.env_assignments(r, port), PY, str(TRAIN), *args])
                     for r in range(n)]
             err = fid.run_processes(cmds, log_dir, timeout, lambda _: None)
     if err:
@@ -72,7 +76,8 @@ def hvd_launch(n: int, args: list[str], cap_mbit: float | None, fid, log_dir: Pa
     """Run n ranks of hvd_recorder.py (Horovod, gloo): ``horovodrun`` over loopback, or
     (``cap_mbit``) one namespace per rank (benchmarks/fidelity/hvd_netns.py; root). With
     ``profile_dir`` the job runs under ``dpro profile`` (the recorder's trace), else with the
-    recorder off (``DPRO_DISABLE=1``), timed by the script itself."""
+    recorder off (``DPRO_DISABLE=1``), timed by the script itself; both with
+    ``jobenv.default_for("hvd")`` (one compute thread per process, each rank on core rank % cores)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["PYTHONPATH"] = str(ROOT)  # the ranks import this checkout's dpro (the recorder)
 
@@ -80,6 +85,7 @@ def hvd_launch(n: int, args: list[str], cap_mbit: float | None, fid, log_dir: Pa
         ranks = [PY, str(HVD_TRAIN), *args]
         cmd = ([PY, str(HVD_NETNS), "--np", str(n), "--existing", "--", *ranks] if existing else
                [str(Path(PY).parent / "horovodrun"), "-np", str(n), "--gloo", "-H", f"localhost:{n}", *ranks])
+        cmd = jobenv.default_for("hvd").apply(cmd)
         if profile_dir is None:
             return ["env", "DPRO_DISABLE=1", *cmd]
         return [PY, "-m", "dpro.cli", "profile", "-o", str(profile_dir), "--force", "--warmup", str(warmup),
@@ -186,6 +192,8 @@ def main() -> None:
     net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
     common = ["--host-cores", str(o.host_cores)]
+    if jobenv.default_for("hvd" if o.framework == "horovod" else "ddp").pin:
+        common.append("--pinned")  # each rank bound to core rank % cores (jobenv)
     if "cpu_alpha_us" in json.loads(plat.read_text()).get("allreduce", {}):
         common += ["--cpu-cost", str(plat)]  # the collectives' CPU, measured by dpro calibrate
     rows = []

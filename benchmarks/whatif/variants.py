@@ -1,10 +1,17 @@
 """What-if validation of graph what-ifs on real one-process jobs: mixed precision (bf16
 autocast on CPU) and a fused / foreach optimizer.
 
-The plain job (``examples/whatif/train_variant.py --model MODEL``) is profiled once;
-``dpro whatif TRACE --apply NAME --json`` predicts each variant; each variant then runs
+The plain job (``examples/whatif/train_variant.py --model MODEL``) is profiled
+``--profiles`` times (it is memory-bound: one profile's times move with what the other core
+does); ``dpro whatif TRACE --apply NAME --json`` predicts each variant from each, the
+median is the prediction; each variant then runs
 UNPROFILED ``--runs`` times, each right after a run of the plain job, timed by the
 script itself (median step). Reports predicted vs measured and the machine's load (foreign CPU %).
+
+The what-ifs' parameters are measured on this machine by microbenchmarks, never on the
+variant runs: the autocast times by ``benchmarks/amp_calibration.py --model MODEL`` (the
+model's own layer shapes; ``mixed_precision:absolute=1``), the optimizers' speed-ups by
+``benchmarks/whatif/optimizer_calibration.py --model MODEL``.
 
     .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--out /tmp/dpro-whatif-variants]
 """
@@ -23,11 +30,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "whatif" / "train_variant.py"
-#: variant -> (train_variant.py options, what-if to apply)
+#: variant -> (train_variant.py options, what-if to apply; {speedup}: optimizer_calibration.py's)
 VARIANTS = {
-    "amp-bf16": (["--amp"], "mixed_precision"),
-    "sgd-foreach": (["--optimizer", "sgd-foreach"], "fused_optimizer"),
-    "sgd-fused": (["--optimizer", "sgd-fused"], "fused_optimizer:speedup=1.6"),
+    "amp-bf16": (["--amp"], "mixed_precision:absolute=1"),
+    "sgd-foreach": (["--optimizer", "sgd-foreach"], "fused_optimizer:speedup={speedup}"),
+    "sgd-fused": (["--optimizer", "sgd-fused"], "fused_optimizer:speedup={speedup}"),
 }
 
 
@@ -52,28 +59,42 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per variant, each after a run of the plain job")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--profiles", type=int, default=3,
+                    help="profiles of the plain job (one after the other); the prediction is the median of theirs")
     ap.add_argument("--amp-factors", type=Path, default=None,
                     help="DPRO_AMP_FACTORS for the prediction (default: measured here by benchmarks/amp_calibration.py)")
+    ap.add_argument("--optimizer-speedups", type=Path, default=None,
+                    help="optimizer_calibration.py --json file (default: measured here first)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-variants"))
     o = ap.parse_args()
     fid = _fid()
     o.out.mkdir(parents=True, exist_ok=True)
     base = ["--model", o.model, "--steps", str(o.steps), "--warmup", str(o.warmup)]
-    trace = o.out / "plain"
-    if not trace.exists():
-        train([*base, "--profile-dir", str(trace)])
+    traces = [o.out / f"plain{k}" for k in range(o.profiles)]
+    for trace in traces:
+        if not trace.exists():
+            train([*base, "--profile-dir", str(trace)])
     factors = o.amp_factors or o.out / "amp_factors.json"
     if not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "amp_calibration.py"), "--repeats", "5",
-                        "--json", str(factors)], check=True, capture_output=True, timeout=1800)
+                        "--model", o.model, "--json", str(factors)], check=True, capture_output=True, timeout=1800,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    speedups = o.optimizer_speedups or o.out / "optimizer_speedups.json"
+    if not speedups.exists():
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "whatif" / "optimizer_calibration.py"),
+                        "--model", o.model, "--json", str(speedups)], check=True, capture_output=True,
+                       timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    speedup = json.loads(speedups.read_text())["speedup"]
     env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_AMP_FACTORS=str(factors))
     rows = []
     for name in o.variants.split(","):
         opts, spec = VARIANTS[name]
+        spec = spec.format(speedup=speedup.get(name, 1.0))
         meter = fid.CpuMeter()
-        p = subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(trace), "--apply", spec, "--json"],
-                           check=True, capture_output=True, text=True, env=env)
-        pred = json.loads(p.stdout)
+        preds = [json.loads(subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(t), "--apply", spec,
+                                            "--json"], check=True, capture_output=True, text=True, env=env).stdout)
+                 for t in traces]
+        pred = {k: statistics.median(x[k] for x in preds) for k in ("predicted_iteration_us", "baseline_iteration_us")}
         steps, plain, per_run = [], [], []
         for k in range(o.runs):  # interleaved plain / variant: the machine's drift hits both sides alike
             pl = train(base, o.out / f"plain_{name}_{k}.json")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -74,6 +75,9 @@ class Cluster:
     profiled_bandwidth: float | None = None
     #: CPU time per rank of an all-reduce (``dpro calibrate``), for ``host_cores``
     comm_cpu: Transfer | None = None
+    #: with ``host_cores``: each rank bound to core ``rank % host_cores`` (``taskset``,
+    #: ``--bind-to core``), so the busiest core runs ``ceil(workers / host_cores)`` ranks
+    pinned: bool = False
 
 
 @dataclass
@@ -274,7 +278,8 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     ``c.comm_cpu`` (``dpro calibrate``'s CPU time of a collective), the CPU its collectives
     take (the library's reductions and copies, the kernel's socket work:
     ``allreduce_us(bytes, N, comm_cpu)`` each). N of them fit on C cores only if the step
-    lasts at least ``N*busy/C``. Processor sharing slows every computation op by the least
+    lasts at least ``N*busy/C`` (``c.pinned``, each rank bound to core ``rank % C``: the
+    busiest core's ``ceil(N/C)*busy``). Processor sharing slows every computation op by the least
     factor ``f >= 1`` with ``T(f) >= N*busy/C``, and a collective takes the longer of its
     link time and its CPU time ``* f`` (bisection: the step ``T`` grows with ``f``). A
     CPU-bound job slows by N/C; one whose workers wait on the network lends those waits to
@@ -289,7 +294,9 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     comm_cpu = {} if c.comm_cpu is None else {
         op.id: allreduce_us(op.bytes, n, c.comm_cpu) for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"}
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
-    need = n * (busy + sum(comm_cpu.values())) / cores
+    # N ranks' CPU on C cores; pinned, the busiest core runs ceil(N/C) of them
+    cpu = busy + sum(comm_cpu.values())
+    need = math.ceil(n / cores) * cpu if c.pinned else n * cpu / cores
 
     def at(f: float) -> Point:
         h = g.copy()
@@ -326,7 +333,7 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
     cpu = sum(allreduce_us(op.bytes, profiled, c.comm_cpu) for op in g.ops.values()
               if op.attrs.get("sub_op") == "ALLREDUCE")
-    room = c.host_cores * t / profiled - cpu
+    room = (t / math.ceil(profiled / c.host_cores) if c.pinned else c.host_cores * t / profiled) - cpu
     if room <= 0 or busy <= room:
         return 1.0
     f = busy / room
@@ -440,7 +447,8 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     pass): its step ``T1`` and compute-only time ``C`` (communication ops zeroed) give the
     exposed communication ``T1 - C``; each server's bytes are scaled so that one worker in
     the simulation takes exactly ``T1``, and the simulation adds what the other workers'
-    traffic through the same server ports costs."""
+    traffic through the same server ports costs and, with ``c.host_cores``, the workers
+    computing at the same time sharing those cores."""
     from dpro.optimizer.ps.costs import fit_update
 
     servers = c.servers or _profiled_servers(job)
@@ -458,11 +466,13 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     comp_us = compute.simulate().iteration_us
     solo = _ps_point(job, base.copy(), Cluster(1, servers), t).iteration_us
     exposed = max(0.0, solo - comp_us)
-    raw = max((2 * (t.alpha * m + t.beta * b) + m * ua + ub * b for b, m in zip(per_server, msgs) if b), default=0.0)
+    # one worker's communication alone in the simulation; every term scales with k
+    thr1 = simulate_async(1, [0.0], per_server, msgs, t, ua, ub, 1) if any(per_server) else 0.0
+    raw = 1e6 / thr1 if thr1 > 0 else 0.0
     k = exposed / raw if raw > 0 else 0.0
     samples = _step_factors(job)
     thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
-                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed)
+                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
     return Point(c.workers, servers, it, thr, {"compute": comp_us, "exposed_COMM_alone": exposed})
 
@@ -476,72 +486,82 @@ def _step_factors(job: Job) -> list[float]:
 
 
 def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
-                   t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0) -> float:
+                   t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0, *,
+                   cores: float | None = None) -> float:
     """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
     compute (a sample of ``compute_us``) -> push its gradients to every server (``server_bytes``,
     ``server_msgs`` messages) -> the server updates (``update_alpha*msgs + update_beta*bytes``,
     serial per server) -> pull the weights back -> next step, until ``steps`` steps are done
-    in all; no barrier. Each server port has one link per direction at ``1/beta`` bytes/µs,
-    shared equally by the flows through it at the moment (fluid processor sharing); a
-    message's overhead ``alpha`` counts as ``alpha/beta`` bytes of its flow."""
+    in all; no barrier. A message's overhead ``alpha`` counts as ``alpha/beta`` bytes of its flow.
+
+    Fluid processor sharing, every resource shared equally by what uses it at the moment:
+
+    * each server has one port per direction at ``1/beta`` bytes/µs, shared by the flows
+      through it;
+    * with ``cores``, the workers computing at the moment share that many cores: each
+      computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time)."""
     rng = random.Random(seed)
     bw = 1.0 / t.beta if t.beta > 0 else 1e30
     ns = len(server_bytes)
     size = [server_bytes[s] + server_msgs[s] * t.alpha * bw for s in range(ns)]
     active_servers = [s for s in range(ns) if server_bytes[s] > 0]
     now = 0.0
-    # timers: (time, seq, kind, worker, server); kinds: 0 compute done, 1 update done
-    timers: list[tuple[float, int, int, int, int]] = []
+    timers: list[tuple[float, int, int, int]] = []  # (time, seq, worker, server): an update done
     seq = 0
-    for w in range(workers):
-        heapq.heappush(timers, (rng.choice(compute_us), seq, 0, w, -1))
-        seq += 1
-    flows: dict[tuple[int, int], dict[int, float]] = {}  # (server, direction 0 in / 1 out) -> worker -> bytes left
+    computing = {w: rng.choice(compute_us) for w in range(workers)}  # worker -> CPU µs left
+    flows: dict[tuple[int, int, int], float] = {}  # (server, direction 0 in / 1 out, worker) -> bytes left
     left = [0] * workers  # servers a worker still waits for
     upd_free = [0.0] * ns
     done = 0
+
+    def finish_step(w: int) -> None:
+        nonlocal done
+        done += 1
+        computing[w] = rng.choice(compute_us)
+
     while done < steps:
-        nxt, which = float("inf"), None
-        for port, fl in flows.items():
-            if fl:
-                w, b = min(fl.items(), key=lambda kv: kv[1])
-                tt = now + b * len(fl) / bw
-                if tt < nxt:
-                    nxt, which = tt, (port, w)
-        tn = min(nxt, timers[0][0] if timers else float("inf"))
-        if tn == float("inf"):
+        sp: dict[tuple[int, int], int] = {}
+        for s_, d, _w in flows:
+            sp[(s_, d)] = sp.get((s_, d), 0) + 1
+        rate = {f: bw / sp[(f[0], f[1])] for f in flows}
+        cpu = min(1.0, cores / len(computing)) if cores and computing else 1.0
+        dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu for c in computing.values()]
+                 + ([timers[0][0] - now] if timers else []), default=float("inf"))
+        if dt == float("inf"):
             break
-        for fl in flows.values():
-            if fl:
-                moved = (tn - now) * bw / len(fl)
-                for w in fl:
-                    fl[w] -= moved
-        now = tn
-        if which is not None and tn == nxt:
-            (srv, direction), w = which
-            del flows[(srv, direction)][w]
+        dt = max(0.0, dt)
+        now += dt
+        ended = []
+        for f in flows:
+            flows[f] -= rate[f] * dt
+            if flows[f] <= 1e-9 * max(1.0, size[f[0]]):
+                ended.append(f)
+        finished = []
+        for w in computing:
+            computing[w] -= cpu * dt
+            if computing[w] <= 1e-9:
+                finished.append(w)
+        for f in ended:
+            srv, direction, w = f
+            del flows[f]
             if direction == 0:  # push arrived: update, then pull
                 start = max(now, upd_free[srv])
                 upd_free[srv] = start + update_alpha * server_msgs[srv] + update_beta * server_bytes[srv]
-                heapq.heappush(timers, (upd_free[srv], seq, 1, w, srv))
+                heapq.heappush(timers, (upd_free[srv], seq, w, srv))
                 seq += 1
             else:
                 left[w] -= 1
                 if left[w] == 0:
-                    done += 1
-                    heapq.heappush(timers, (now + rng.choice(compute_us), seq, 0, w, -1))
-                    seq += 1
-            continue
-        _, _, kind, w, srv = heapq.heappop(timers)
-        if kind == 0:
+                    finish_step(w)
+        for w in finished:
+            del computing[w]
             if not active_servers:
-                done += 1
-                heapq.heappush(timers, (now + rng.choice(compute_us), seq, 0, w, -1))
-                seq += 1
+                finish_step(w)
                 continue
             left[w] = len(active_servers)
             for s_ in active_servers:
-                flows.setdefault((s_, 0), {})[w] = size[s_]
-        else:
-            flows.setdefault((srv, 1), {})[w] = size[srv]
+                flows[(s_, 0, w)] = size[s_]
+        while timers and timers[0][0] <= now + 1e-9:
+            _, _, w, srv = heapq.heappop(timers)
+            flows[(srv, 1, w)] = size[srv]
     return done * 1e6 / now if now > 0 else 0.0

@@ -56,7 +56,9 @@ def launch(script: list[str], workers: int, servers: int, *, timeout: float = 60
 
     def start(role: str, cmd: list[str], i: int) -> None:
         prefix, extra = place(role, i)
-        procs.append((f"{role}{i}", subprocess.Popen([*prefix, *cmd], env={**env, **extra, "DMLC_ROLE": role})))
+        # PINNED_INDEX: the worker's launch index (benchmarks/pinned.py binds worker i to a core by it)
+        idx = {"PINNED_INDEX": str(i)} if role == "worker" else {}
+        procs.append((f"{role}{i}", subprocess.Popen([*prefix, *cmd], env={**env, **extra, **idx, "DMLC_ROLE": role})))
 
     start("scheduler", node, 0)
     for i in range(servers):

@@ -1,0 +1,86 @@
+"""The job settings every benchmark harness runs its training jobs with (one place).
+
+A CPU-only distributed job on a small machine repeats within a few % only if each rank
+keeps to its share of the cores. :data:`SETTINGS` names the candidate settings;
+:data:`DEFAULT` is the one the harnesses use (benchmarks/overhead.py, benchmarks/noise.py;
+the what-if and oracle harnesses import it too). A setting is applied to a command by
+:meth:`JobSettings.apply`: environment variables for every process of the job, and, with
+``pin``, each training rank started through benchmarks/pinned.py, which binds it to core
+``rank % cores`` before running the script.
+
+    import jobenv
+    cmd = jobenv.default_for("hvd").apply(cmd)   # env ... [pinned.py] script ...
+    env = {**os.environ, **jobenv.DEFAULT.env()}
+
+Profiled and unprofiled runs must use the same setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PINNED = HERE / "pinned.py"
+
+def is_rank_script(arg: str) -> bool:
+    """A training script whose processes are the job's ranks: a ``.py`` under examples/."""
+    return arg.endswith(".py") and "examples" in Path(arg).parts
+
+
+def thread_env(n: int) -> dict[str, str]:
+    """``n`` compute threads per process in every framework's pools (OpenMP, MKL, OpenBLAS,
+    MXNet's engine, TF's intra/inter-op pools)."""
+    s = str(n)
+    return {"OMP_NUM_THREADS": s, "MKL_NUM_THREADS": s, "OPENBLAS_NUM_THREADS": s,
+            "MXNET_CPU_WORKER_NTHREADS": s, "MXNET_OMP_MAX_THREADS": s,
+            "TF_NUM_INTRAOP_THREADS": s, "TF_NUM_INTEROP_THREADS": s}
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Environment for every process of a job, and whether each rank is pinned to a core."""
+
+    name: str
+    env_vars: tuple[tuple[str, str], ...] = ()
+    pin: bool = False
+    notes: str = field(default="", compare=False)
+
+    def env(self) -> dict[str, str]:
+        return dict(self.env_vars)
+
+    def script(self, script: str | Path) -> list[str]:
+        """How to name the rank script in a launcher's command: ``[pinned.py, script]`` with
+        ``pin`` (the launcher runs pinned.py with the job's python), else ``[script]``."""
+        return [str(PINNED), str(script)] if self.pin else [str(script)]
+
+    def apply(self, cmd: list[str]) -> list[str]:
+        """``cmd`` with the environment set (``env K=V ...`` in front) and, with ``pin``, the
+        last training script in it (a ``.py`` under examples/) run through pinned.py."""
+        out = list(cmd)
+        found = [i for i, a in enumerate(out) if is_rank_script(a)]
+        if found:  # the last: a launcher under examples/ (launch_local.py) comes before its script
+            out[found[-1]:found[-1] + 1] = self.script(out[found[-1]])
+        return ["env", *[f"{k}={v}" for k, v in self.env_vars], *out] if self.env_vars else out
+
+
+SETTINGS: dict[str, JobSettings] = {
+    s.name: s for s in (
+        JobSettings("none", notes="what the launchers do on their own"),
+        JobSettings("threads1", tuple(thread_env(1).items()), notes="one compute thread per process"),
+        JobSettings("pin", (), pin=True, notes="each rank bound to core rank % cores"),
+        JobSettings("threads1pin", tuple(thread_env(1).items()), pin=True,
+                    notes="one compute thread per process, each rank bound to core rank % cores"),
+    )
+}
+#: what the harnesses use (the figures: docs/fidelity.md "Profiling overhead", benchmarks/noise.py)
+DEFAULT = SETTINGS["threads1pin"]
+#: torch DDP: not pinned. Pinning made no difference to its repeatability, and a pinned rank's
+#: trace says 1 core (``meta.json`` ``cpu.cores`` = its affinity), which the replay's CPU
+#: contention model (dpro.replayer.cpu_contention) would share among the host's ranks.
+DDP = SETTINGS["threads1"]
+
+
+def default_for(path: str) -> JobSettings:
+    """The harnesses' setting for a job of ``path`` (``ddp``, ``hvd``, ``tf``, ``mx``, ...)."""
+    return DDP if path == "ddp" else DEFAULT
