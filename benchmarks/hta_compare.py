@@ -16,6 +16,10 @@ holistictraceanalysis``) is not a dpro dependency: without it this says so and e
 
     python benchmarks/hta_compare.py                         # param_dlrm_8rank + it grown to 8 x 10 MB
     python benchmarks/hta_compare.py DIR [DIR ...] --repeat 5 --gen-mb 0 --json
+    python benchmarks/hta_compare.py DIR --gen-mb 0 --base /work/main   # also another checkout's dpro (before/after)
+
+``--base CHECKOUT`` also runs that checkout's ``dpro replay`` (its code on ``PYTHONPATH``)
+in the same rounds, as ``base``: a change's before and after measured in one run.
 """
 
 from __future__ import annotations
@@ -48,21 +52,35 @@ def _commands(path: Path) -> dict[str, list[str]]:
 
 def run_once(cmd: list[str], env: dict) -> dict:
     """Wall seconds, CPU seconds (user + system, workers included) and the peak of the
-    process tree's summed RSS (:mod:`proctree`)."""
-    r = proctree.run(cmd, env=env, interval=0.02)
+    process tree's summed RSS (:mod:`proctree`). Run in the checkout on ``PYTHONPATH``
+    (``python -m`` imports from the working directory first)."""
+    r = proctree.run(cmd, env=env, interval=0.02, cwd=Path(env["PYTHONPATH"]))
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({r.returncode}):\n{r.stderr[-2000:]}")
     return {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "tree_peak_bytes": r.peak_tree_bytes, "processes": r.processes,
             "stdout": r.stdout}
 
 
-def bench(path: Path, repeat: int) -> dict:
+def _result(stdout: str) -> object:
+    """``dpro replay --json``'s output without the solver's wall time (it varies)."""
+    def strip(x: object) -> object:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k != "time_s"}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+    return strip(json.loads(stdout))
+
+
+def bench(path: Path, repeat: int, base: Path | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_NO_CACHE="1")
+    path = path.resolve()  # the commands run in the checkout's directory
     cmds = _commands(path)
-    runs: dict[str, list[dict]] = {"hta": [], "dpro": []}
+    envs = {"hta": env, "dpro": env}
+    if base is not None:  # another checkout's dpro, first on the path
+        cmds["base"], envs["base"] = cmds["dpro"], dict(env, PYTHONPATH=str(base.resolve()))
+    runs: dict[str, list[dict]] = {t: [] for t in cmds}
     for r in range(repeat):
-        for tool in (("hta", "dpro") if r % 2 == 0 else ("dpro", "hta")):
-            runs[tool].append(run_once(cmds[tool], env))
+        for tool in (list(cmds) if r % 2 == 0 else list(cmds)[::-1]):
+            runs[tool].append(run_once(cmds[tool], envs[tool]))
     n_files = sum(1 for f in path.iterdir() if f.is_file())
     ranks = int(runs["hta"][0]["stdout"])
     if ranks != n_files:
@@ -76,6 +94,14 @@ def bench(path: Path, repeat: int) -> dict:
     out["speedup"] = out["hta_wall_s"] / out["dpro_wall_s"]
     out["speedup_cpu"] = out["hta_cpu_s"] / out["dpro_cpu_s"]
     out["memory_ratio_tree"] = out["dpro_tree_peak_bytes"] / out["hta_tree_peak_bytes"]
+    if base is not None:
+        out["base_path"] = str(base)
+        out["base_speedup"] = out["hta_wall_s"] / out["base_wall_s"]
+        out["base_speedup_cpu"] = out["hta_cpu_s"] / out["base_cpu_s"]
+        out["dpro_over_base_wall"] = out["base_wall_s"] / out["dpro_wall_s"]
+        out["dpro_over_base_cpu"] = out["base_cpu_s"] / out["dpro_cpu_s"]
+        if _result(runs["base"][0]["stdout"]) != _result(runs["dpro"][0]["stdout"]):
+            print(f"{path}: note: dpro's output differs from the base checkout's", file=sys.stderr)
     return out
 
 
@@ -114,6 +140,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--gen-mb", type=int, default=10,
                     help="also grow param_dlrm_8rank to this many MB of JSON per rank (gen_big_trace.py; 0: no)")
     ap.add_argument("--json", action="store_true", help="print one JSON list instead of text")
+    ap.add_argument("--base", type=Path, help="also run this checkout's dpro (before/after in one run)")
     ap.add_argument("--rank-first", type=Path, help=argparse.SUPPRESS)  # generate()'s child
     a = ap.parse_args(argv)
     if a.rank_first:
@@ -131,7 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if not p.is_dir():
                 print(f"skipped (not a directory here): {p}", file=sys.stderr)
                 continue
-            r = bench(p, a.repeat)
+            r = bench(p, a.repeat, a.base)
             out.append(r)
             if not a.json:
                 print(f"{p.name}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB on disk; medians of {a.repeat}: "
@@ -139,6 +166,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       f"({r['hta_processes']:.0f} processes); dpro import+replay {r['dpro_wall_s']:.2f} s, peak "
                       f"{r['dpro_tree_peak_bytes'] / 2**20:.0f} MiB ({r['dpro_processes']:.0f} processes) -> dpro {r['speedup']:.2f}x faster, "
                       f"{r['memory_ratio_tree']:.2f}x HTA's peak")
+                if a.base:
+                    print(f"  base ({a.base}): {r['base_wall_s']:.2f} s wall, {r['base_cpu_s']:.2f} s CPU, peak "
+                          f"{r['base_tree_peak_bytes'] / 2**20:.0f} MiB -> this checkout {r['dpro_over_base_wall']:.2f}x "
+                          f"faster (wall), {r['dpro_over_base_cpu']:.2f}x (CPU)")
     if a.json:
         print(json.dumps(out))
     return out

@@ -16,10 +16,13 @@ Every mapper returns the same results as :func:`serial` (the tasks are pure func
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
 import socket
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -47,13 +50,26 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def start_method() -> str:
+    """How a worker process starts: ``fork`` where the platform has it and this process
+    runs no other thread (a forked worker starts at once, with what this process imported),
+    else ``spawn`` (a fresh interpreter: threads, such as a progress bar's, fork badly)."""
+    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
+
+
 @dataclass(frozen=True)
 class ProcessPool:
-    """``fn`` over ``items`` in up to ``workers`` spawned processes (default: one per usable
+    """``fn`` over ``items`` in up to ``workers`` processes (default: one per usable
     core), yielded in item order as they finish. The first exception (in item order) is
     raised as ``fn`` raised it; the work not yet started is cancelled then, and when the
-    caller stops early (closes the iterator). Spawned, not forked: the parent may hold
-    threads (a progress bar's), which a fork copies badly."""
+    caller stops early (closes the iterator).
+
+    Where nothing else runs in this process (:func:`start_method`), ``workers - 1``
+    workers are forked and this process is the last worker: it runs the items no worker
+    has taken yet, from the last one back, while it waits for the next result in order
+    (one process fewer to start and to hold memory). Else ``workers`` are spawned."""
 
     workers: int | None = None
 
@@ -63,14 +79,56 @@ class ProcessPool:
         if n <= 1:
             yield from map(fn, items)
             return
-        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures: list[Future] = [pool.submit(fn, x) for x in items]
-            try:
-                for f in futures:
+        if start_method() != "fork":
+            with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures: list[Future] = [pool.submit(fn, x) for x in items]
+                try:
+                    for f in futures:
+                        yield f.result()
+                finally:
+                    for f in futures:
+                        f.cancel()
+            return
+        yield from _forked(fn, items, n - 1)
+
+
+def _forked(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R]:
+    """:class:`ProcessPool`'s fork mode: ``workers`` forked processes and this one."""
+    for stream in (sys.stdout, sys.stderr):  # a forked worker would write buffered output again
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    gc.freeze()  # the workers' garbage collector then leaves this process's objects (their pages) alone
+    try:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+        futures: list[Future] = [pool.submit(fn, x) for x in items]  # a fork pool starts its workers now
+    finally:
+        gc.unfreeze()
+    here: dict[int, tuple[bool, object]] = {}  # index -> (ok, result or exception), run in this process
+    back = len(items) - 1
+    with pool:
+        try:
+            for i, f in enumerate(futures):
+                while i not in here and not f.done():
+                    while back > i and (back in here or not futures[back].cancel()):
+                        back -= 1  # taken by a worker (or done here)
+                    if back <= i:
+                        break
+                    try:
+                        here[back] = (True, fn(items[back]))
+                    except Exception as e:  # noqa: BLE001 - raised in item order, below
+                        here[back] = (False, e)
+                if i in here:
+                    ok, r = here.pop(i)
+                    if not ok:
+                        raise r  # type: ignore[misc]
+                    yield r  # type: ignore[misc]
+                else:
                     yield f.result()
-            finally:
-                for f in futures:
-                    f.cancel()
+        finally:
+            for f in futures:
+                f.cancel()
 
 
 def _apply(fn: Callable[[T], R], item: T) -> R:

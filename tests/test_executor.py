@@ -26,6 +26,33 @@ def test_serial_is_lazy_and_pool_keeps_order():
     assert list(ProcessPool(2)(fn, [])) == []
 
 
+def _fail_odd(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd {x}")
+    return x
+
+
+def _with_pid(x: int) -> tuple[int, int]:
+    return x, os.getpid()
+
+
+def test_forked_pool_runs_items_here_too_and_raises_in_item_order():
+    """Forked (no other thread here): one worker plus this process, which takes items from
+    the end; the results come in item order and the first failing item's error is raised."""
+    from dpro.executor import start_method
+
+    assert start_method() == "fork" or sys.platform != "linux"
+    fn = functools.partial(operator.mul, 3)
+    assert list(ProcessPool(2)(fn, range(20))) == [3 * i for i in range(20)]
+    done = list(ProcessPool(2)(_with_pid, range(6)))
+    assert [x for x, _ in done] == list(range(6))
+    assert done[-1][1] == os.getpid() and done[0][1] != os.getpid()  # the last item here, the first in the worker
+    it = ProcessPool(2)(_fail_odd, [0, 2, 5, 4, 7])
+    assert next(it) == 0 and next(it) == 2
+    with pytest.raises(ValueError, match="odd 5"):
+        next(it)
+
+
 def test_mapper_for():
     assert mapper_for(None) is serial and mapper_for(None, 1) is serial
     assert mapper_for(None, 4) == ProcessPool(4)

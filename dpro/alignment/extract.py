@@ -238,7 +238,7 @@ def drop_inconsistent(data: AlignData, tol_ms: float) -> AlignData:
             idx = np.asarray(members)
             kk = np.asarray(ks)
             rows = co.ptr[kk][:, None] + np.arange(idx.size)[None, :]
-            for hid in np.unique(host[idx]):
+            for hid in sorted(set(host[idx].tolist())):  # np.unique's order, without importing numpy.ma
                 cols = np.nonzero(host[idx] == hid)[0]
                 if cols.size < 2:
                     continue

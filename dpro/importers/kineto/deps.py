@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from operator import attrgetter
 
 from dpro.importers.kineto.segments import Seg
 
@@ -23,6 +24,8 @@ STREAM_WAIT_TOL_US = 5.0
 JOIN_TOL_US = 500.0
 
 Edge = tuple[Seg, Seg]
+#: a segment's (start, end): the order of a device queue
+_TS_END = attrgetter("ts", "end")
 
 
 def chain_edges(by_dev: dict[str, list[Seg]]) -> list[Edge]:
@@ -165,5 +168,5 @@ def group_by_device(segs: list[Seg]) -> dict[str, list[Seg]]:
     for s in segs:
         by_dev[s.dev].append(s)
     for v in by_dev.values():
-        v.sort(key=lambda s: (s.ts, s.end))
+        v.sort(key=_TS_END)
     return dict(by_dev)

@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from dpro.executor import Mapper, ProcessPool, serial, usable_cores
+from dpro.executor import Mapper, ProcessPool, serial, start_method, usable_cores
 
 #: below this many bytes of trace files in all, ranks are imported serially: starting a
-#: worker process (a fresh interpreter importing dpro, ~1 s) costs more than it saves
+#: spawned worker process (a fresh interpreter importing dpro, ~1 s) costs more than it saves
 POOL_MIN_BYTES = 32 * 2**20
+#: the same where the workers are forked (:func:`dpro.executor.start_method`): a forked
+#: worker starts in milliseconds with dpro already imported, so a pool pays off sooner
+#: (param_dlrm_8rank, 8 x 60 KB gzipped, is imported by two workers)
+POOL_MIN_BYTES_FORK = 256 * 2**10
 
 #: environment variable: the most worker processes of the default mapper (1: serial)
 WORKERS_ENV = "DPRO_IMPORT_WORKERS"
@@ -26,7 +30,8 @@ def default_mapper(sizes: Sequence[int]) -> Mapper:
     the workers are as many as the cores, the files and ``$DPRO_IMPORT_WORKERS`` allow,
     and no more than keeps the files being read at once within half of the input
     (``total // (2 * largest)``): the import's peak memory then stays near the input's
-    size however it runs (docs/scale.md). One rank, a small input or one core: serial.
+    size however it runs (docs/scale.md). One rank, a small input (:data:`POOL_MIN_BYTES`,
+    :data:`POOL_MIN_BYTES_FORK`) or one core: serial.
     """
     if not sizes:
         return serial
@@ -34,6 +39,6 @@ def default_mapper(sizes: Sequence[int]) -> Mapper:
     cap = os.environ.get(WORKERS_ENV, "").strip()
     workers = min(usable_cores(), len(sizes), int(cap) if cap.isdigit() and int(cap) > 0 else len(sizes),
                   total // (2 * largest) if largest else len(sizes))
-    if workers <= 1 or total < POOL_MIN_BYTES:
+    if workers <= 1 or total < (POOL_MIN_BYTES_FORK if start_method() == "fork" else POOL_MIN_BYTES):
         return serial
     return ProcessPool(workers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from array import array
+from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,8 @@ class RankFile:
     legacy: int = 0
     #: the python_function frames not kept as events, per thread (:class:`PyFrames`)
     python: dict = field(default_factory=dict)
+    #: ``segments.step_markers``' result, once computed (the converter asks three times)
+    step_markers: tuple | None = field(default=None, repr=False, compare=False)
 
     def time_span(self) -> tuple[float, float]:
         """(first start, last end) of every complete event, python frames included."""
@@ -148,6 +151,16 @@ def _is_num(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
+def _args_plan(names: tuple) -> tuple:
+    """For an event's ``args`` with keys ``names``: (the kept keys, sorted, or None for
+    none; a function giving their values as a tuple; whether equal ones are shared)."""
+    keys = tuple(sorted(k for k in set(names) if k in KEPT_ARGS))
+    if not keys:
+        return None, None, False
+    get = itemgetter(*keys) if len(keys) > 1 else (lambda a, k=keys[0]: (a[k],))
+    return keys, get, _UNIQUE_ARGS.isdisjoint(keys)
+
+
 class _Collector:
     """Checks each raw event as it streams in and keeps the complete ones as KEvents."""
 
@@ -164,7 +177,9 @@ class _Collector:
         self.cats: set[str] = set()
         self._strings: dict = {}
         #: one copy of each distinct kept ``args`` (read-only from here on)
-        self._args: dict[bytes, dict] = {}
+        self._args: dict[tuple, dict] = {}
+        #: what to keep of an ``args`` with these keys, in this order (:func:`_args_plan`)
+        self._plans: dict[tuple, tuple] = {}
 
     def _shared(self, s: str) -> str:
         return self._strings.setdefault(s, s)
@@ -172,7 +187,7 @@ class _Collector:
     def add(self, batch: list) -> None:
         """Check and keep ``batch`` (raw events), whose first is ``traceEvents[self.index]``."""
         shared, out, num, ids = self._strings.setdefault, self.events, _NUM_TYPES, _ID_TYPES
-        same_args = self._args.setdefault
+        same_args, plans = self._args, self._plans
         python, kept, py_read = self.python, KEPT_ARGS, PY_NAMES_READ
         i = self.index - 1
         for e in batch:
@@ -208,13 +223,18 @@ class _Collector:
                 self.has_op = cat in OP_CATS
                 self.cats.add(str(e.get("cat")))
             if args:
-                keys = args.keys() & KEPT_ARGS
-                if keys:
-                    args = {k: args[k] for k in keys}
-                    if keys.isdisjoint(_UNIQUE_ARGS):  # shapes repeat from step to step: one copy
-                        args = same_args(orjson.dumps(args, option=orjson.OPT_SORT_KEYS), args)
-                else:
+                plan = plans.get(names := tuple(args))
+                if plan is None:
+                    plan = plans[names] = _args_plan(names)
+                keys, get, share = plan
+                if keys is None:
                     args = None
+                elif share:  # shapes repeat from step to step: one copy
+                    vals = get(args)
+                    key = (keys, orjson.dumps(vals))
+                    args = same_args.get(key) or same_args.setdefault(key, dict(zip(keys, vals)))
+                else:
+                    args = dict(zip(keys, get(args)))
             else:
                 args = None
             if type(name) is not str:

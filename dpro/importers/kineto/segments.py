@@ -238,8 +238,15 @@ def step_markers(rf: RankFile) -> tuple[list[KEvent], bool]:
     """The ProfilerStep#N spans that define the steps, and whether they are CPU-side.
 
     The CPU-side spans (on the thread that holds most of them) when there are any; else
-    every ProfilerStep#N span (the GPU annotation timeline's copies).
+    every ProfilerStep#N span (the GPU annotation timeline's copies). Computed once per
+    ``rf`` (read-only).
     """
+    if rf.step_markers is None:
+        rf.step_markers = _step_markers(rf)
+    return rf.step_markers
+
+
+def _step_markers(rf: RankFile) -> tuple[list[KEvent], bool]:
     marks = [e for e in rf.events if e.name.startswith("ProfilerStep#") and _STEP_RE.match(e.name)]
     cpu = [e for e in marks if e.cat in CPU_STEP_CATS]
     if not cpu:
@@ -389,6 +396,13 @@ def _op_cat(name: str, ctx: str) -> str:
 
 def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     """Cut an outermost CPU op at its emission points."""
+    if not op.children and op.cat != "cuda_runtime" and op.cat != "cuda_driver" and not is_issue(op.name):
+        # nothing inside emits work (a third of the ops): one segment, what the general path gives
+        seg = Seg(dev, op.name, op.ts, op.end, cat, layer=layer)
+        own = op.args.get("Sequence number")
+        if isinstance(own, int):
+            seg.seqs.append(own)
+        return [seg]
     points: list[tuple[float, str, object]] = []
 
     seqs: list[int] = []
@@ -436,6 +450,7 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
         walk(op, root)
         if is_issue(op.name):
             points.append((op.end, "issue", (None, _comm_numel(op.args))))
+    walk = None  # type: ignore[assignment]  # it refers to itself (a cycle): freed now, not by the collector
     segs: list[Seg] = []
     cur = Seg(dev, op.name, op.ts, op.ts, cat)
     for t, kind, payload in sorted(points, key=lambda p: p[0]):
@@ -508,7 +523,9 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
     for tid in order:
         roots = _build_trees(by_tid[tid], rf.python.get(tid))
 
-        def visit(x: _Ev, ctx: list[str], dev: str) -> None:
+        def visit(x: _Ev, ctx: str, layer: str | None, dev: str) -> None:
+            """``ctx``: the category of the annotations around ``x`` (:func:`_context_cat`:
+            the outermost that gives one), ``layer``: the innermost layer annotation's."""
             if x.cat == "user_annotation" or _STEP_RE.match(x.name):
                 if x.name.startswith("gloo:"):
                     comm.append(
@@ -516,22 +533,25 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
                             numel=_comm_numel(x.args), thread=tid)
                     )
                     return
+                inner = ctx or _context_cat([x.name])
+                if x.name.startswith(LAYER_PREFIX):
+                    layer = x.name[len(LAYER_PREFIX):]
                 for c in x.children:
-                    visit(c, ctx + [x.name], dev)
+                    visit(c, inner, layer, dev)
                 return
             if x.cat == "python_function":
                 for c in x.children:
-                    visit(c, ctx, dev)
+                    visit(c, ctx, layer, dev)
                 return
-            layer = next((c[len(LAYER_PREFIX):] for c in reversed(ctx) if c.startswith(LAYER_PREFIX)), None)
-            for sg in _cut(x, dev, _op_cat(x.name, _context_cat(ctx)), layer):
+            for sg in _cut(x, dev, _op_cat(x.name, ctx), layer):
                 if sg.dev == "comm":
                     sg.thread = tid
                 (comm if sg.dev == "comm" else segs).append(sg)
 
         dev = thread_names.setdefault(tid, "cpu:main" if tid == main_tid else f"cpu:t{len(thread_names)}")
         for r in roots:
-            visit(r, [], dev)
+            visit(r, "", None, dev)
+        visit = None  # type: ignore[assignment]  # a reference cycle (see _cut)
     return segs, comm
 
 
