@@ -11,8 +11,7 @@ and prints the stored bytes when there are some. Everything else (a miss, any ot
 option, ``--no-cache``, ``-v``, a damaged entry, an error) runs the full CLI, unchanged.
 """
 
-from __future__ import annotations
-
+# (no ``from __future__ import annotations``: see dpro.resultcache)
 import os
 import sys
 
