@@ -2,13 +2,15 @@
 
 For each trace set, ``--repeat`` rounds of: empty the cache, run ``dpro replay PATH --json``
 (the first replay: imports and stores), run it again (the second: loads from the cache).
-Each run is a fresh process (what a user waits for, Python start-up included); times are
+Each run is a fresh process running the ``dpro`` console command of this checkout (what a
+user waits for, Python start-up included; ``python -c pass`` is timed beside it, the floor of
+any process); times are
 medians of wall seconds (and of CPU seconds, user + system of the child and its workers,
 which the other jobs of a shared machine disturb less), and the ratio first/second is
 computed from the medians of the same run. The second replay prints the cached result
 (docs/scale.md, "A cache of converted traces"). Also, in this process: the import alone (``open_trace(cache=False)``) against
-the load from the cache (``open_trace``), medians of ``--repeat``. The two replays' JSON
-must be identical (less the solver's wall time).
+the load from the cache (``open_trace``), medians of ``--repeat``. The two replays' output
+must be identical, byte for byte.
 
     python benchmarks/cache.py                      # the multi-rank corpus sets
     python benchmarks/cache.py DIR [DIR ...] --repeat 5 --json
@@ -17,6 +19,7 @@ must be identical (less the solver's wall time).
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -38,15 +41,22 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _replay(path: Path, env: dict) -> tuple[float, float, dict]:
-    """Wall and CPU seconds (user + system, the child and its workers) of one replay, and its JSON."""
+def dpro_command() -> list[str]:
+    """The ``dpro`` console command as pip generates it from pyproject.toml's [project.scripts]
+    (``from MODULE import FUNC; sys.exit(FUNC())``), run from this checkout (PYTHONPATH), so
+    that the figures are those of the code here even where the installed script is older."""
+    import tomllib
+
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["dpro"]
+    mod, func = target.split(":")
+    return [sys.executable, "-c", f"import sys; from {mod} import {func}; sys.argv[0] = 'dpro'; sys.exit({func}())"]
+
+
+def _run(cmd: list[str], env: dict) -> tuple[float, float, bytes]:
+    """Wall and CPU seconds (user + system, the child and its workers) of ``cmd``, and its stdout."""
     t0, c0 = time.perf_counter(), _cpu()
-    out = subprocess.run([sys.executable, "-m", "dpro.cli", "replay", str(path), "--json"], env=env,
-                         capture_output=True, check=True).stdout
-    dt, cpu = time.perf_counter() - t0, _cpu() - c0
-    res = json.loads(out)
-    res.get("clock_alignment", {}).pop("time_s", None)  # the solver's wall time
-    return dt, cpu, res
+    out = subprocess.run(cmd, env=env, capture_output=True, check=True).stdout
+    return time.perf_counter() - t0, _cpu() - c0, out
 
 
 def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
@@ -55,17 +65,21 @@ def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
 
     env = dict(os.environ, DPRO_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
     env.pop("DPRO_NO_CACHE", None)
-    first, second, first_cpu, second_cpu = [], [], [], []
+    replay = [*dpro_command(), "replay", str(path), "--json"]
+    first, second, first_cpu, second_cpu, floor, floor_cpu = [], [], [], [], [], []
     for _ in range(repeat):
         shutil.rmtree(cache_dir, ignore_errors=True)
-        t1, c1, r1 = _replay(path, env)
-        t2, c2, r2 = _replay(path, env)
+        t1, c1, r1 = _run(replay, env)
+        t2, c2, r2 = _run(replay, env)
+        t0, c0, _ = _run([sys.executable, "-c", "pass"], env)  # Python's own start-up, the floor
         if r1 != r2:
-            raise SystemExit(f"{path}: the second replay differs from the first")
+            raise SystemExit(f"{path}: the second replay's output differs from the first's")
         first.append(t1)
         second.append(t2)
         first_cpu.append(c1)
         second_cpu.append(c2)
+        floor.append(t0)
+        floor_cpu.append(c0)
     # in-process: the import alone vs the load from the cache
     os.environ["DPRO_CACHE_DIR"] = str(cache_dir)
     imp, load = [], []
@@ -85,6 +99,7 @@ def bench(path: Path, repeat: int, cache_dir: Path) -> dict:
             "first_replay_s": round(f, 3), "second_replay_s": round(s, 3), "ratio": round(f / s, 2),
             "first_runs_s": [round(x, 3) for x in first], "second_runs_s": [round(x, 3) for x in second],
             "first_cpu_s": round(fc, 3), "second_cpu_s": round(sc, 3), "cpu_ratio": round(fc / sc, 2),
+            "python_pass_s": round(statistics.median(floor), 3), "python_pass_cpu_s": round(statistics.median(floor_cpu), 3),
             "import_s": round(i, 3), "cached_load_s": round(lo, 3), "import_ratio": round(i / lo, 2)}
 
 
@@ -94,6 +109,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="print one JSON list instead of text")
     a = ap.parse_args(argv)
+    # the byte code of dpro's modules, as pip install writes it: under PYTHONDONTWRITEBYTECODE
+    # every process would compile them again (~0.2 s of a first replay, ~8 ms of a hit)
+    compileall.compile_dir(str(REPO / "dpro"), quiet=1)
     out = []
     with tempfile.TemporaryDirectory(prefix="dpro-cache-bench-") as tmp:
         for p in a.paths:
@@ -106,7 +124,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 print(f"{Path(r['path']).name}: {r['input_bytes'] / 1e6:.1f} MB in, cache entry "
                       f"{r['cache_entry_bytes'] / 1e6:.1f} MB; dpro replay first {r['first_replay_s']:.2f} s, "
                       f"second {r['second_replay_s']:.2f} s -> {r['ratio']}x (CPU {r['first_cpu_s']:.2f} s vs "
-                      f"{r['second_cpu_s']:.2f} s -> {r['cpu_ratio']}x; medians of {a.repeat}); "
+                      f"{r['second_cpu_s']:.2f} s -> {r['cpu_ratio']}x; medians of {a.repeat}; "
+                      f"python -c pass {r['python_pass_s']:.3f} s); "
                       f"import {r['import_s']:.2f} s vs cached load {r['cached_load_s']:.2f} s -> {r['import_ratio']}x")
     if a.json:
         print(json.dumps(out))

@@ -12,6 +12,7 @@ import click
 from dpro.cli_imports import rank_pattern_option, register_import_commands
 from dpro.errors import DproInputError
 from dpro.jsonio import print_json
+from dpro.sizes import DEFAULT_MAX_INPUT, parse_size
 
 _rank_opt = rank_pattern_option
 _ray_opt = click.option(
@@ -23,21 +24,6 @@ _ray_opt = click.option(
 def _fail(err: Exception) -> None:
     click.echo(f"dpro: error: {err}", err=True)
     sys.exit(getattr(err, "exit_code", 2))
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
-
-
-def parse_size(text: str, option: str) -> int:
-    """Bytes from ``8GiB``, ``500MB``, ``1.5g``, ``123456`` (k/m/g alone: binary units)."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _SIZE_UNITS or float(m.group(1)) <= 0:
-        raise DproInputError(None, f"{option}: {text!r} is not a size (e.g. 8GiB, 500MB, 123456 bytes)")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
 class _Group(click.Group):
@@ -64,7 +50,7 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dpro")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-@click.option("--max-input-bytes", metavar="SIZE", envvar="DPRO_MAX_INPUT_BYTES", default="2GiB", show_default=True,
+@click.option("--max-input-bytes", metavar="SIZE", envvar="DPRO_MAX_INPUT_BYTES", default=DEFAULT_MAX_INPUT, show_default=True,
               help="Refuse an input file larger than SIZE once decompressed (e.g. 8GiB).")
 @click.option("--allow-missing-ranks", is_flag=True, envvar="DPRO_ALLOW_MISSING_RANKS",
               help="Go on with the ranks present when some are missing or unreadable (said in the output).")
@@ -132,7 +118,8 @@ def replay(
     cached = None if not as_json or timeline or no_cache or ray_address else result_cache(
         path, "replay", {"expand_collectives": not no_expand, "align": not no_align}, rank_pattern=rank_pattern)
     if cached is not None and (hit := cached.load()) is not None:
-        print_json(hit)
+        sys.stdout.buffer.write(hit)  # the bytes the first replay printed
+        sys.stdout.flush()
         return
     from dpro.executor import mapper_for
     from dpro.job import open_job
@@ -147,7 +134,9 @@ def replay(
     if as_json:
         out = res.to_json()
         if cached is not None:
-            cached.save(out)
+            sys.stdout.buffer.write(cached.save(out))  # print_json's bytes, as stored
+            sys.stdout.flush()
+            return
         print_json(out)
         return
     from dpro.report import print_replay

@@ -19,7 +19,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpro.errors import DproInputError
 from dpro.gtrace.schema import GTrace
 
 if TYPE_CHECKING:
@@ -162,16 +161,34 @@ def prepare(gt: GTrace, *, align: bool | AlignOptions = True, path: Path | None 
 
 @dataclass(frozen=True)
 class CachedResult:
-    """Where one analysis's result of one unchanged input is cached (:func:`result_cache`)."""
+    """Where one analysis's result of one unchanged input is cached (:func:`result_cache`):
+    the exact bytes printed (:mod:`dpro.resultcache`)."""
 
-    store: object  # dpro.gtrace.cache.TraceCache
+    store: object  # dpro.resultcache.ResultStore
     key: str
 
-    def load(self) -> dict | None:
-        return self.store.load_result(self.key)  # type: ignore[attr-defined]
+    def load(self) -> bytes | None:
+        """The bytes stored, or None (none, or a damaged entry: logged)."""
+        try:
+            data = self.store.load(self.key)  # type: ignore[attr-defined]
+        except (OSError, ValueError) as e:
+            log.warning("cached result unusable (%s): computing again", e)
+            return None
+        if data is not None:
+            log.info("result cache: loaded %s", self.store.file(self.key))  # type: ignore[attr-defined]
+        return data
 
-    def save(self, result: dict) -> None:
-        self.store.store_result(self.key, result)  # type: ignore[attr-defined]
+    def save(self, result: dict) -> bytes:
+        """Store ``result`` as :func:`dpro.jsonio.print_json` prints it; return those bytes.
+        A failure to store is logged, not raised."""
+        import orjson
+
+        data = orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        try:
+            self.store.save(self.key, data)  # type: ignore[attr-defined]
+        except OSError as e:
+            log.warning("result cache: cannot store %s (%s)", self.key, e)
+        return data
 
 
 def result_cache(path: str | Path, what: str, options: dict, *, rank_pattern: str | None = None,
@@ -180,32 +197,24 @@ def result_cache(path: str | Path, what: str, options: dict, *, rank_pattern: st
     torch.profiler traces in ``path`` computed with ``options``, or None where there is none
     (cache off, ``path`` not such traces, or not readable: the analysis says why).
 
-    Its key is the trace cache's key of the files (resolved path, size and ``mtime_ns`` of
-    each, the rank pattern) with ``options``, the read options (``--max-input-bytes``,
-    ``--allow-missing-ranks``), ``DPRO_ENGINE`` and all of dpro's code and its libraries'
-    versions (:func:`dpro.gtrace.cache.package_digest`): a changed file, option or dpro
-    gets a new key. Cheap: nothing is imported or read but the files' metadata, so that a
-    hit costs little more than the interpreter's start.
+    Its key (:func:`dpro.resultcache.result_key`, which the ``dpro`` entry's fast path also
+    uses) covers the files (resolved path, size and ``mtime_ns`` of each), the rank pattern,
+    ``options``, the read options (``--max-input-bytes``, ``--allow-missing-ranks``),
+    ``DPRO_ENGINE`` and dpro's and its libraries' installed files: a changed file, option
+    or dpro gets a new key. Cheap: nothing is imported or read but the files' metadata.
     """
     import os
     from dataclasses import asdict
 
-    from dpro.gtrace.cache import TraceCache, default_dir, enabled_by_default
-    from dpro.gtrace.io import is_gtrace
-    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, trace_files
+    from dpro import resultcache as rc
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
     from dpro.jsonio import current_read_options
 
-    p = Path(path)
-    if not (enabled_by_default() if cache is None else cache) or not p.exists() or is_gtrace(p):
+    if not (rc.enabled_by_default() if cache is None else cache) or not os.path.exists(path):
         return None
-    store = TraceCache(default_dir())
-    if not store.usable_for(p, quiet=True):
+    root = rc.default_dir()
+    if rc.inside(root, path):
         return None
-    pattern = rank_pattern or DEFAULT_RANK_PATTERN
-    try:
-        files = [f for f in trace_files(p) if f.is_file()]
-        key = store.key(files, {"importer": "kineto", "rank_pattern": pattern})
-    except (DproInputError, OSError):
-        return None
-    opts = {"options": options, "read": asdict(current_read_options()), "engine": os.environ.get("DPRO_ENGINE", "")}
-    return CachedResult(store, store.result_key(key, what, opts))
+    key = rc.result_key(path, what, options, rank_pattern=rank_pattern or DEFAULT_RANK_PATTERN,
+                        read=asdict(current_read_options()), engine=os.environ.get("DPRO_ENGINE", ""))
+    return CachedResult(rc.ResultStore(root), key) if key is not None else None

@@ -16,7 +16,7 @@ from pathlib import Path
 #: low to high; a package imports only itself and packages of lower layers
 LAYERS: list[list[str]] = [
     ["dpro.errors"],
-    ["dpro.jsonio", "dpro.progress", "dpro.contracts", "dpro.executor"],
+    ["dpro.jsonio", "dpro.progress", "dpro.contracts", "dpro.executor", "dpro.resultcache", "dpro.sizes"],
     ["dpro.gtrace"],
     ["dpro.importers", "dpro.alignment", "dpro.graph", "dpro.apply"],
     ["dpro.loader", "dpro.replayer", "dpro.profiler"],
@@ -26,6 +26,8 @@ LAYERS: list[list[str]] = [
     ["dpro.report"],
     ["dpro.cli_imports"],
     ["dpro.cli"],
+    ["dpro.entry"],
+    ["dpro.__main__"],
 ]
 #: ``dpro/__init__.py``: the lazy facade (dpro.open, dpro.Recorder) names the layers above it
 FACADE = "dpro"

@@ -160,7 +160,7 @@ def test_replay_no_cache_flag(run_cli, kineto_dir, cache_dir):
 
 
 def _results(d: Path) -> list[Path]:
-    return sorted((d / "results").glob("*.json")) if (d / "results").is_dir() else []
+    return sorted((d / "results").glob("*.out")) if (d / "results").is_dir() else []
 
 
 def test_replay_json_result_cached_identical_and_invalidated(run_cli, kineto_dir, cache_dir, tmp_path, monkeypatch):
@@ -202,8 +202,8 @@ def test_replay_json_result_cached_identical_and_invalidated(run_cli, kineto_dir
 def test_damaged_result_is_computed_again(run_cli, kineto_dir, cache_dir, caplog):
     code, first, _ = run_cli("replay", kineto_dir, "--json")
     (f,) = _results(cache_dir)
-    f.write_bytes(b'{"key": "another", "result": {}}')
-    with caplog.at_level(logging.WARNING, logger="dpro.gtrace.cache"):
+    f.write_bytes(f.read_bytes().replace(b"\"predicted", b"\"Predicted", 1))  # the digest no longer matches
+    with caplog.at_level(logging.WARNING, logger="dpro.job"):
         code, again, _ = run_cli("replay", kineto_dir, "--json")
     assert code == 0 and "unusable" in caplog.text
     strip = lambda s: {k: v for k, v in orjson.loads(s).items() if k != "clock_alignment"}  # noqa: E731

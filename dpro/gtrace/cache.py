@@ -14,48 +14,38 @@ names, which ``write_gtrace`` fills in), under ``$DPRO_CACHE_DIR`` or ``$XDG_CAC
 
 The cache is an optimisation only: an entry that cannot be read or written is logged and
 ignored. It is never written inside the directory being imported. ``DPRO_NO_CACHE=1`` or
-``--no-cache`` turns it off.
+``--no-cache`` turns it off. The results of analyses are cached next to it
+(:mod:`dpro.resultcache`).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
-import os
 import shutil
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
+from dpro import resultcache
 from dpro.errors import DproInputError
+from dpro.resultcache import enabled_by_default
+
+__all__ = ["FORMAT", "SIDECAR", "TraceCache", "code_digest", "default_dir", "enabled_by_default"]
 
 log = logging.getLogger(__name__)
 
 #: bump when what an entry holds changes
 FORMAT = 1
 SIDECAR = "import.json"
-#: the subdirectory of the cached results (:meth:`TraceCache.load_result`)
-RESULTS = "results"
-#: the libraries whose versions a cached result depends on (besides dpro's own code)
-_RESULT_LIBS = ("numpy", "scipy", "cvxpy", "networkx", "orjson")
 
 
 def default_dir() -> Path:
     """``$DPRO_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpro/traces``, else ``~/.cache/dpro/traces``."""
-    if os.environ.get("DPRO_CACHE_DIR"):
-        return Path(os.environ["DPRO_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dpro" / "traces"
-
-
-def enabled_by_default() -> bool:
-    """False when ``DPRO_NO_CACHE`` is set to anything but ``0``/empty."""
-    return os.environ.get("DPRO_NO_CACHE", "") in ("", "0")
+    return Path(resultcache.default_dir())
 
 
 @functools.cache
@@ -67,32 +57,6 @@ def code_digest() -> str:
         for f in sorted((pkg / sub).rglob("*.py")):
             h.update(str(f.relative_to(pkg)).encode())
             h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-@functools.cache
-def package_digest() -> str:
-    """SHA-256 of what an analysis's result depends on besides its input: all of dpro's
-    code (every module, the replay core's C source and the extension built from it), the
-    Python version and the installed numerical libraries (the path, size and mtime of each
-    one's ``__init__``: reading their versions costs more than a cached replay). Computed once."""
-    pkg = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256(sys.version.encode())
-    for f in sorted(pkg.rglob("*")):
-        if f.suffix in (".py", ".c", ".so", ".pyd") and f.is_file():
-            h.update(str(f.relative_to(pkg)).encode())
-            h.update(f.read_bytes())
-    spec = importlib.util.find_spec("dpro.replayer._core")
-    if spec is not None and spec.origin and Path(spec.origin).is_file():  # the extension in use (editable installs)
-        h.update(Path(spec.origin).read_bytes())
-    for lib in _RESULT_LIBS:  # the installed copy of each (another version rewrites it), without importing it
-        spec = importlib.util.find_spec(lib)
-        origin = spec.origin if spec is not None else None
-        try:
-            st = os.stat(origin) if origin else None
-        except OSError:
-            st = None
-        h.update(f"{lib}={origin}:{st.st_size}:{st.st_mtime_ns}".encode() if st else f"{lib}=none".encode())
     return h.hexdigest()
 
 
@@ -114,51 +78,10 @@ class TraceCache:
 
     def usable_for(self, inputs: Path, *, quiet: bool = False) -> bool:
         """False when the cache would live inside ``inputs`` (it never writes there)."""
-        root, inp = self.root.resolve(), inputs.resolve()
-        inside = root == inp or inp in root.parents
+        inside = resultcache.inside(self.root, inputs)
         if inside and not quiet:
-            log.warning("trace cache %s is inside the input %s: not used", root, inp)
+            log.warning("trace cache %s is inside the input %s: not used", self.root, inputs)
         return not inside
-
-    def result_key(self, trace_key: str, what: str, options: dict) -> str:
-        """The name of the cached result ``what`` (e.g. ``"replay"``) of the trace imported
-        under ``trace_key``, computed with ``options`` (JSON-able) by this dpro
-        (:func:`package_digest`)."""
-        h = hashlib.sha256()
-        h.update(orjson.dumps({"format": FORMAT, "trace": trace_key, "what": what, "code": package_digest(),
-                               "options": options}, option=orjson.OPT_SORT_KEYS))
-        return h.hexdigest()
-
-    def load_result(self, key: str) -> dict | None:
-        """The result stored under ``key`` (:meth:`result_key`), or None."""
-        f = self.root / RESULTS / f"{key}.json"
-        try:
-            d = orjson.loads(f.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, orjson.JSONDecodeError) as e:
-            log.warning("cached result %s unusable (%s): computing again", f, e)
-            return None
-        if not isinstance(d, dict) or d.get("key") != key or not isinstance(d.get("result"), dict):
-            log.warning("cached result %s unusable (not the result of this key): computing again", f)
-            return None
-        log.info("result cache: loaded %s", f)
-        return d["result"]
-
-    def store_result(self, key: str, result: dict) -> None:
-        """Store ``result`` (JSON-able) under ``key``, atomically; a failure is logged, not raised."""
-        d = self.root / RESULTS
-        tmp = d / f"{key}.json.{os.getpid()}.tmp"
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(orjson.dumps({"key": key, "result": result}, option=orjson.OPT_SERIALIZE_NUMPY))
-            tmp.replace(d / f"{key}.json")
-        except (OSError, TypeError, orjson.JSONEncodeError) as e:
-            log.warning("result cache: cannot store %s (%s)", d / f"{key}.json", e)
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
