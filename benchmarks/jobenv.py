@@ -77,7 +77,8 @@ SETTINGS: dict[str, JobSettings] = {
 DEFAULT = SETTINGS["threads1pin"]
 #: torch DDP: not pinned. Pinning made no difference to its repeatability, and a pinned rank's
 #: trace says 1 core (``meta.json`` ``cpu.cores`` = its affinity), which the replay's CPU
-#: contention model (dpro.replayer.cpu_contention) would share among the host's ranks.
+#: contention model (dpro.replayer.cpu_contention) shared among the host's ranks (fixed in
+#: 992fc6d: the union of the host's ranks' affinity sets; not re-measured pinned).
 DDP = SETTINGS["threads1"]
 
 
