@@ -11,7 +11,7 @@ import click
 
 from dpro.cli_imports import rank_pattern_option, register_import_commands
 from dpro.errors import DproInputError
-from dpro.jsonio import print_json
+from dpro.jsonio import print_bytes, print_json
 from dpro.sizes import DEFAULT_MAX_INPUT, parse_size
 
 _rank_opt = rank_pattern_option
@@ -118,8 +118,7 @@ def replay(
     cached = None if not as_json or timeline or no_cache or ray_address else result_cache(
         path, "replay", {"expand_collectives": not no_expand, "align": not no_align}, rank_pattern=rank_pattern)
     if cached is not None and (hit := cached.load()) is not None:
-        sys.stdout.buffer.write(hit)  # the bytes the first replay printed
-        sys.stdout.flush()
+        print_bytes(hit)  # the bytes the first replay printed
         return
     from dpro.executor import mapper_for
     from dpro.job import open_job
@@ -134,8 +133,7 @@ def replay(
     if as_json:
         out = res.to_json()
         if cached is not None:
-            sys.stdout.buffer.write(cached.save(out))  # print_json's bytes, as stored
-            sys.stdout.flush()
+            print_bytes(cached.save(out))  # print_json's bytes, as stored
             return
         print_json(out)
         return

@@ -181,9 +181,9 @@ class CachedResult:
     def save(self, result: dict) -> bytes:
         """Store ``result`` as :func:`dpro.jsonio.print_json` prints it; return those bytes.
         A failure to store is logged, not raised."""
-        import orjson
+        from dpro.jsonio import json_bytes
 
-        data = orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        data = json_bytes(result)
         try:
             self.store.save(self.key, data)  # type: ignore[attr-defined]
         except OSError as e:

@@ -235,11 +235,21 @@ def write_problem(path: Path, e: OSError) -> str:
     return f"cannot write: {e.strerror or e}"
 
 
-def print_json(obj: Any) -> None:
-    """``obj`` as indented JSON on stdout (``--json``); numpy numbers are written as numbers,
-    as in the files :func:`write_json` writes."""
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+def json_bytes(obj: Any) -> bytes:
+    """What :func:`print_json` prints for ``obj``: indented JSON and a newline; numpy numbers
+    are written as numbers, as in the files :func:`write_json` writes."""
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def print_bytes(data: bytes) -> None:
+    """``data`` on stdout as it is (e.g. a cached :func:`json_bytes`), flushed."""
+    sys.stdout.buffer.write(data)
     sys.stdout.flush()
+
+
+def print_json(obj: Any) -> None:
+    """``obj`` as indented JSON on stdout (``--json``): :func:`json_bytes`."""
+    print_bytes(json_bytes(obj))
 
 
 def dump_json(path: Path, obj: Any, *, gz: bool | None = None) -> None:

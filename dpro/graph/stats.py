@@ -89,7 +89,6 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
     start = {s: nt.steps[s][0] if s in nt.steps else 0.0 for s in order}
     out: dict[str, OpStats] = {}
     groups: dict[int, tuple[list[str], list[list[float]]]] = defaultdict(lambda: ([], []))
-    step_start = {s: nt.steps[s][0] for s in order if s in nt.steps}
     for op in nt.ops:
         samples = {}
         rows = []
@@ -105,7 +104,7 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
                 if y is not None and (P is None or y[1] > P):
                     P = y[1]
             if P is None:
-                P = step_start.get(s, ts)
+                P = start[s] if s in nt.steps else ts
             samples[s] = (ts, end, P)
             rows.append((ts, end, P, start[s]))
         out[op] = OpStats(0.0, 0.0, 0.0, samples)

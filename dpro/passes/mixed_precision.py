@@ -58,19 +58,41 @@ def op_class(name: str) -> str | None:
     return None
 
 
+def _per_class(path: str | Path, key: str, zero_ok: bool) -> dict[str, dict[str, float]] | None:
+    """The table ``key`` of a calibration file, ``{class: {"FW": x, "BW": y}}`` with numbers
+    > 0 (``zero_ok``: >= 0), or None where the file holds no such table."""
+    d = read_json(Path(path))
+    t = d.get(key) if isinstance(d, dict) else None
+    ok = isinstance(t, dict) and all(
+        isinstance(v, dict) and all(isinstance(v.get(k), (int, float)) and (v[k] >= 0 if zero_ok else v[k] > 0)
+                                    for k in ("FW", "BW"))
+        for v in t.values())
+    return t if ok else None
+
+
 def load_factors(path: str | Path | None = None) -> dict[str, dict[str, float]]:
     """Factors from a calibration file (``benchmarks/amp_calibration.py --json``) or the defaults."""
     path = path or os.environ.get("DPRO_AMP_FACTORS")
     if not path:
         return DEFAULT_FACTORS
-    d = read_json(Path(path))
-    f = d.get("factors") if isinstance(d, dict) else None
-    ok = isinstance(f, dict) and all(
-        isinstance(v, dict) and all(isinstance(v.get(k), (int, float)) and v[k] > 0 for k in ("FW", "BW"))
-        for v in f.values())
-    if not ok:
+    f = _per_class(path, "factors", zero_ok=False)
+    if f is None:
         raise DproInputError(path, "not an AMP calibration: expected {'factors': {class: {'FW': x, 'BW': y}}}")
     return {**DEFAULT_FACTORS, **f}
+
+
+def load_times() -> dict[str, dict[str, float]]:
+    """The ``times_us`` of the calibration file ``DPRO_AMP_FACTORS`` (µs per step, class and
+    direction: ``benchmarks/amp_calibration.py --model``)."""
+    path = os.environ.get("DPRO_AMP_FACTORS")
+    if not path:
+        raise DproInputError(None, "mixed_precision:absolute=1 needs DPRO_AMP_FACTORS, a calibration taken with "
+                                   "benchmarks/amp_calibration.py --model (its times_us)")
+    t = _per_class(path, "times_us", zero_ok=True)
+    if t is None:
+        raise DproInputError(path, "no times_us (µs per class and direction): calibrate with "
+                                   "benchmarks/amp_calibration.py --model NAME --json")
+    return t
 
 
 @register

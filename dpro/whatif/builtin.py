@@ -51,10 +51,10 @@ def mixed_precision(g: WhatIfGraph, factors: dict | None = None, absolute: float
     kernels whose time does not depend on what slowed the profile down (an emulated bf16
     gemm is compute-bound, the fp32 one it replaces memory-bound), a factor would carry the
     profile's slow-down into the prediction."""
-    from dpro.passes.mixed_precision import load_factors, op_class
+    from dpro.passes.mixed_precision import load_factors, load_times, op_class
 
     if absolute:
-        times = _amp_times()
+        times = load_times()
         for cls, by_dir in times.items():
             for d in ("FW", "BW"):
                 sel = g.select(lambda op, c=cls, d=d: op.cat == d and op_class(op.name) == c)
@@ -66,27 +66,6 @@ def mixed_precision(g: WhatIfGraph, factors: dict | None = None, absolute: float
     for cls, by_dir in f.items():
         for d, x in by_dir.items():
             g.select(lambda op, c=cls, d=d: op.cat == d and op_class(op.name) == c).scale(float(x))
-
-
-def _amp_times() -> dict[str, dict[str, float]]:
-    """The ``times_us`` of the calibration file ``DPRO_AMP_FACTORS`` (µs per step and class)."""
-    import os
-    from pathlib import Path
-
-    from dpro.errors import DproInputError
-    from dpro.jsonio import read_json
-
-    path = os.environ.get("DPRO_AMP_FACTORS")
-    if not path:
-        raise DproInputError(None, "mixed_precision:absolute=1 needs DPRO_AMP_FACTORS, a calibration taken with "
-                                   "benchmarks/amp_calibration.py --model (its times_us)")
-    d = read_json(Path(path))
-    t = d.get("times_us") if isinstance(d, dict) else None
-    if not isinstance(t, dict) or not all(isinstance(v, dict) and all(
-            isinstance(v.get(k), (int, float)) and v[k] >= 0 for k in ("FW", "BW")) for v in t.values()):
-        raise DproInputError(path, "no times_us (µs per class and direction): calibrate with "
-                                   "benchmarks/amp_calibration.py --model NAME --json")
-    return t
 
 
 @whatif("fused_optimizer")
