@@ -17,7 +17,12 @@ the mean over the ranks.
 * a round is one on-run of each variant and one off-run, back to back; each figure is the
   on-run against the off-run of its round (slow drifts of the machine's speed, which reach
   2x over minutes on a shared VM, hit both alike), and the table gives the median over the
-  ``K`` rounds and min..max;
+  ``K`` rounds and min..max; the off-run comes last in even rounds and first in odd ones
+  (``--order alternate``, the default), so that what one run leaves to the next (caches,
+  the machine's load) does not favour one side;
+* pooled, per phase (warm-up, window, after): the median step over all on-runs ÷ the same
+  over all off-runs − 1: a difference that starts before the window is the launch's, not
+  the recording's;
 * last window call: that call minus the median of the window's other calls (stopping the
   profiler, and writing the trace unless deferred), read within one run;
 * noise floor: each off-run against the next one, the same figures, median of their sizes:
@@ -233,10 +238,21 @@ def _paired(job: Job, ons: list[Run], offs: list[Run]) -> tuple[list[float], lis
     return win, whole
 
 
+def phase_medians(job: Job, runs: list[Run]) -> dict[str, float]:
+    """Pooled over ``runs``: the median step (µs) of each phase: ``warmup`` (its first call,
+    the job's own start-up, left out), ``window`` (its last call, the profiler's stop, left
+    out) and ``after`` (the calls after the window)."""
+    w, s, _ = WINDOW[job.path]
+    spans = {"warmup": (1, w), "window": (w, w + s - 1), "after": (w + s, None)}
+    return {k: statistics.median(x for r in runs for x in r.steps_us[a:b]) for k, (a, b) in spans.items()}
+
+
 def figures(job: Job, runs: list[Run]) -> dict:
     """Per variant: the median over rounds of the on-run against the same round's off-run
     (a round is one on-run of each variant and one off-run, back to back, so slow drifts of
-    the machine hit both), with min..max; the noise floor: each off-run against the next one."""
+    the machine hit both), with min..max; the noise floor: each off-run against the next one;
+    ``pooled_pct``: each phase's median step over all on-runs against the same over all
+    off-runs (:func:`phase_medians`): whether a difference starts with the window or before it."""
     out: dict = {"job": job.name, **asdict(job), "runs": [asdict(r) for r in runs], "variants": {}}
     rounds: list[dict[str, Run]] = []
     for r in runs:
@@ -256,7 +272,9 @@ def figures(job: Job, runs: list[Run]) -> dict:
     for v in [k for k in rounds[0] if k != "off"]:
         ons = [rd[v] for rd in rounds if v in rd]
         win, whole = _paired(job, ons, [rd["off"] for rd in rounds if v in rd])
+        pon, poff = phase_medians(job, ons), phase_medians(job, offs)
         out["variants"][v] = {
+            "pooled_pct": {k: _pct(pon[k], poff[k]) for k in pon},
             "k": len(ons),
             "last_call_extra_ms": statistics.median(last_call_extra_us(job, r.steps_us) for r in ons) / 1e3,
             "window_pct": statistics.median(win), "window_min_pct": min(win), "window_max_pct": max(win),
@@ -274,6 +292,9 @@ def print_row(row: dict) -> None:
         print(f"    {v:<10} k={f['k']}  in-window {f['window_pct']:+6.1f}% ({f['window_min_pct']:+.1f}..{f['window_max_pct']:+.1f})"
               f"   whole-run {f['run_pct']:+6.1f}% ({f['run_min_pct']:+.1f}..{f['run_max_pct']:+.1f})"
               f"   last window call +{f['last_call_extra_ms']:.0f} ms", flush=True)
+        if "pooled_pct" in f:
+            print("               pooled steps " + ", ".join(f"{k} {x:+.1f}%" for k, x in f["pooled_pct"].items()),
+                  flush=True)
     bad = [r for r in row["runs"] if not r["ok"]]
     for r in bad:
         print(f"    FAILED {r['variant']}: {(r['error'] or '')[:300]}", flush=True)
@@ -303,6 +324,10 @@ def main() -> None:
     ap.add_argument("--settings", default="", choices=["", *jobenv.SETTINGS],
                     help="job settings of every run, on and off (benchmarks/jobenv.py); default: "
                          "jobenv.default_for(path)")
+    ap.add_argument("--order", default="alternate", choices=["alternate", "on-first"],
+                    help="order of the runs in a round: alternate (on-runs first in even rounds, the "
+                         "off-run first in odd ones, so that an order effect cancels in the median) or "
+                         "on-first (every round)")
     ap.add_argument("--quick", action="store_true", help="2 workers, loopback, k=2")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' directories here")
@@ -339,7 +364,10 @@ def main() -> None:
             net = net_cm.__enter__() if net_cm is not None else None
             try:
                 for i in range(a.k):
-                    for v in [*variants, "off"]:
+                    order = [*variants, "off"]
+                    if a.order == "alternate" and i % 2:
+                        order = ["off", *variants]
+                    for v in order:
                         runs.append(launch(job, Path(tmp) / job.name / f"{v}{i}", v, variants.get(v, {}),
                                            net, ports, log, settings_of(job)))
             finally:
