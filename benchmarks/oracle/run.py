@@ -71,26 +71,23 @@ def torchrun(n: int, script: Path, *args: str, env: dict | None = None) -> None:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr[-3000:]}")
 
 
-def platform_file(out: Path, procs: list[int], compute_us: float = 0.0) -> Path:
-    """Calibrate at every process count of ``procs`` (the host costs at the first) and
-    write the platform file: the first count's all-reduce as α, β, the rest in ``oracle``;
-    ``compute_us``: every calibrated collective comes after that much compute (gloo_link.py)."""
-    from dpro.oracle.calibration import Calibration, fit_collectives, fit_host
+def platform_file(out: Path, procs: list[int], compute_us: float = 0.0, idle_us: float = 8000.0) -> Path:
+    """Calibrate at every process count of ``procs`` (the host costs at the first) with
+    dpro/oracle/measure.py in ranks of this run's launcher (loopback or the capped
+    namespaces: what ``dpro calibrate --oracle`` measures in local processes) and write the
+    platform file the library builds from the samples (``platform_from_samples``: the
+    first count's all-reduce as α, β, ``cores``, the ``oracle`` section with its token
+    bucket and topology); ``compute_us``: every calibrated collective comes after that much compute."""
+    from dpro.oracle.calibration import platform_from_samples
 
-    cal, samples = Calibration(), {}
+    samples = {}
     for k, n in enumerate(procs):
         f = out / f"gloo_link_{n}_c{compute_us:g}.json"
         torchrun(n, REPO / "benchmarks" / "oracle" / "gloo_link.py", "--out", str(f), "--compute-us", str(compute_us),
-                 *(["--no-host"] if k else []))
-        d = json.loads(f.read_text())
-        cal.links[n] = fit_collectives(n, d["raw"])
-        if not k:
-            cal.host = fit_host(d["raw"], d["function_us"])
-        samples[n] = d["samples"]
-    ar = cal.links[procs[0]]["allreduce"]
+                 "--idle-us", str(idle_us), *(["--no-host"] if k else []))
+        samples[n] = json.loads(f.read_text())
     plat = out / f"platform_c{compute_us:g}.json"
-    plat.write_text(json.dumps({"alpha_us": ar.alpha, "beta_us_per_byte": ar.beta, "cores": os.cpu_count(),
-                                "oracle": cal.to_json(), "samples": samples}))
+    plat.write_text(json.dumps(platform_from_samples(samples, cores=os.cpu_count())))
     return plat
 
 
@@ -146,6 +143,8 @@ def main() -> None:
     p.add_argument("--profile-each", action="store_true", help="also profile every strategy: breakdown and memory")
     p.add_argument("--cap-mbit", type=float, default=None,
                    help="run every rank in its own network namespace with a tbf cap (Mbit/s per direction; root)")
+    p.add_argument("--calib-idle-us", type=float, default=8000.0,
+                   help="idle before every calibrated call (µs): a token bucket on the link refills")
     p.add_argument("--calib-compute-us", default="0,2000",
                    help="calibrate the collectives after this much compute (µs), one platform each; the first "
                         "one's predictions are the main table, the others follow")
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
     load0 = os.getloadavg()
     procs = [int(x) for x in args.procs.split(",")]
     calibs = [float(x) for x in args.calib_compute_us.split(",")]
-    plats = {c: platform_file(args.out, procs, c) for c in calibs}
+    plats = {c: platform_file(args.out, procs, c, args.calib_idle_us) for c in calibs}
     plat = plats[calibs[0]]
     trace = args.out / "trace"
     subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
