@@ -129,7 +129,10 @@ def test_calibrate_oracle_cli(run_cli, tmp_path: Path) -> None:
     assert len(d["samples"]) == len(SIZES)
     code, text, err = run_cli("oracle", DATA, "--devices", "2", "--platform", out, "--json")
     assert code == 0, err
-    assert json.loads(text)["platform"]["oracle"]["topology"]["links"] == "per-rank"
+    got = json.loads(text)
+    assert got["platform"]["oracle"]["topology"]["links"] == "per-rank"
+    assert any("links of their own" in n for n in got["notes"])
+    assert {"collective_calls", "bucket_refill_us"} <= set(got["strategies"][0])
 
 
 @pytest.mark.parametrize("args", [("--nprocs", "1"), ("--nprocs", "2,x"), ("--rounds", "0")])
