@@ -49,6 +49,10 @@ def test_fit_finds_the_bucket() -> None:
     e = fit_collectives(4, {"exchange": ex})["exchange"]
     assert e.burst == 131072 and e.beta == pytest.approx(0.04)
     assert _fit([[s, 5 + 0.001 * s] for s in SIZES], 1, 1).burst == 0  # host ops: never a bucket
+    # a fast link that bends (loopback: flat to 64 KiB, then 1 ns/B): the "burst" would save
+    # 64 KiB x 1 ns = 66 µs, less than a call's 2 x 1000 µs: not a bucket
+    bend = [[s, (2000 + 0.001 * max(0, s - 65536)) * f] for s in SIZES for f in (0.99, 1.0, 1.01)]
+    assert fit_collectives(2, {"allreduce": bend})["allreduce"].burst == 0
 
 
 def test_bucket_refills_between_collectives() -> None:

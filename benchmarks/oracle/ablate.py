@@ -27,6 +27,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="run.py's --out directory")
     p.add_argument("--platform", default="platform_c0.json", help="platform file in OUT")
+    p.add_argument("--refit", action="store_true",
+                   help="first rebuild the platform file from OUT's calibration samples (gloo_link_<n>_c0.json) "
+                        "with the current library (platform_from_samples); nothing measured again")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     import dpro
@@ -34,6 +37,16 @@ def main() -> None:
     from dpro.oracle.calibration import Calibration, HostCosts
     from dpro.oracle.platform import read_platform
 
+    if args.refit:
+        import os
+
+        from dpro.oracle.calibration import platform_from_samples
+
+        samples = {int(f.name.split("_")[2]): json.loads(f.read_text())
+                   for f in sorted(args.out.glob("gloo_link_*_c0.json"))}
+        args.platform = "platform_refit.json"
+        (args.out / args.platform).write_text(json.dumps(platform_from_samples(samples, cores=os.cpu_count())))
+        print(f"refitted {sorted(samples)} processes' samples into {args.out / args.platform}")
     res = json.loads((args.out / "result.json").read_text())
     rows = res["rows"]
     procs = sorted({r["devices"] for r in rows})

@@ -151,25 +151,37 @@ def _fit(rows: list[list[float]], steps: float, per: float, burst: bool = False)
     sizes (the wait is the same for every size: α), and trimmed of the rare extremes.
 
     ``W(S) = βS``; with ``burst``, also the token bucket ``W(S) = β_b min(S, K) + β (S - K)⁺``
-    with the knee K at each measured S in turn (at least two sizes on each side): kept
-    when its rate beyond K is ``BURST_SLOWDOWN`` times the rate below and it removes
-    ``BURST_GAIN`` of the plain fit's squared error."""
+    with the knee K at each measured S in turn (at least two sizes above it). A knee is
+    kept when it is a bucket, not a bend of a fast link: the rate beyond it is
+    ``BURST_SLOWDOWN`` times the rate below, the burst saves more than one call's α
+    (K(β - β_b) > steps·α), and it takes ``BURST_GAIN`` of the plain fit's error away,
+    the error relative to each size's mean (the large sizes' spread would hide the small
+    ones' in absolute terms)."""
     xs, ys = _trimmed(rows)
     if not len(xs):
         return Cost()
     S = steps * xs / per
-    (a, b), err = _nnls(np.column_stack([np.full_like(S, steps), S]), ys)
+    ones = np.full_like(S, steps)
+    (a, b), _ = _nnls(np.column_stack([ones, S]), ys)
     plain = Cost(float(a), float(b))
     sizes = np.unique(S)
-    if not burst or len(sizes) < 5 or err <= 0:
+    if not burst or len(sizes) < 5:
         return plain
-    best: tuple[float, Cost] = (err, plain)
+    mean = {v: ys[S == v].mean() for v in sizes}
+    w = np.array([1 / mean[v] if mean[v] > 0 else 0.0 for v in S])
+
+    def rel(c: Cost) -> float:
+        pred = steps * c.alpha + np.array([c.wire(v) for v in S])
+        return float((((pred - ys) * w) ** 2).sum())
+
+    best: tuple[float, Cost] = (rel(plain), plain)
     for K in sizes[1:-2]:
-        A = np.column_stack([np.full_like(S, steps), np.minimum(S, K), np.maximum(S - K, 0.0)])
-        (a, bb, b), e = _nnls(A, ys)
-        if b >= BURST_SLOWDOWN * bb and e < best[0]:
-            best = (e, Cost(float(a), float(b), float(K), float(bb)))
-    return best[1] if best[0] <= (1 - BURST_GAIN) * err else plain
+        A = np.column_stack([ones, np.minimum(S, K), np.maximum(S - K, 0.0)])
+        (a, bb, b), _ = _nnls(A, ys)
+        c = Cost(float(a), float(b), float(K), float(bb))
+        if b >= BURST_SLOWDOWN * bb and K * (b - bb) > steps * a and (e := rel(c)) < best[0]:
+            best = (e, c)
+    return best[1] if best[0] <= (1 - BURST_GAIN) * rel(plain) else plain
 
 
 def shape(kind: str, world: int) -> tuple[float, float]:
