@@ -18,8 +18,9 @@ along the channels), ``slice`` (a channel slice made contiguous), ``clone``, ``z
 Every size is timed ``reps`` times in each of ``rounds`` rounds, the sizes in a new
 shuffled order per round, after a warm-up (a slow spell of the shared host hits a few
 samples of every size rather than all samples of one). Before every timed call the ranks
-meet at a barrier and stay idle ``idle_us`` (a token bucket on the link refills, as it
-does during a training step's compute: calibration.fit_collectives then sees its burst);
+stay idle ``idle_us`` (a token bucket on the link refills, as it does during a training
+step's compute: calibration.fit_collectives then sees its burst), then meet at a barrier
+(idle after it, each rank's own wake-up would be in the call's time);
 a collective's sample is the mean over the ranks taking part of one call.
 """
 
@@ -98,9 +99,9 @@ def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: f
         rng.shuffle(order)
         for k, s in order:
             for _ in range(reps):
-                dist.barrier()
-                if idle_us:
+                if idle_us:  # before the barrier: the ranks leave it together, not as each wakes up
                     time.sleep(idle_us * 1e-6)
+                dist.barrier()
                 if compute_us:
                     _busy(compute_us, mat)
                 t0 = time.perf_counter()
