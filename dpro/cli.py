@@ -691,7 +691,10 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
         with progress_bar(len(counts), "calibrating the oracle") as tick:
             d = calibrate_oracle(counts, topology=topology, rounds=rounds, idle_us=idle_us, tick=tick)
         write_json(output, d)
-        print_json(d) if as_json else print_calibration(d, output)
+        if as_json:
+            print_json(d)
+        else:
+            print_calibration(d, output)
         return
     if processes < 2:
         raise DproInputError(None, f"--processes {processes}: at least 2")
