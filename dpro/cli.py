@@ -658,12 +658,44 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--backend", default="gloo", show_default=True, help="torch.distributed backend.")
 @click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
-def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool) -> None:
+@click.option("--oracle", is_flag=True,
+              help="Write the platform file of `dpro oracle --platform` instead (gloo, docs/oracle.md): per process "
+                   "count of --nprocs the all-reduce, all-gather and halo exchange (with a link's token-bucket burst "
+                   "when it has one), the host copies of examples/parallel/, and whether ranks share a link.")
+@click.option("--nprocs", default="2,4", show_default=True, metavar="N,N,...",
+              help="--oracle: the process counts to measure at (a p-process prediction uses the largest <= p).")
+@click.option("--topology", type=click.Choice(["measure", "shared", "per-rank"]), default="measure", show_default=True,
+              help="--oracle: do collectives of disjoint ranks share a link (loopback, one NIC per host: the contention "
+                   "penalty applies) or has every rank its own? measure: two pairs' all-reduces at once vs one pair "
+                   "(needs 4 processes in --nprocs, else shared).")
+@click.option("--rounds", default=6, show_default=True,
+              help="--oracle: rounds over every size (5 calls each, a new order per round).")
+@click.option("--idle-us", default=8000.0, show_default=True,
+              help="--oracle: idle time before every timed call (µs), so that a token bucket refills as during compute.")
+def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool, oracle: bool,
+                  nprocs: str, topology: str, rounds: int, idle_us: float) -> None:
     """Measure this machine's all-reduce cost (alpha, beta) for `dpro whatif --platform`.
 
     Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
     and fits t = 2(N-1) * (alpha + beta * bytes/N) (per ring step; µs, bytes).
+
+    With --oracle, the costs `dpro oracle --platform` uses (docs/oracle.md "Calibration").
     """
+    if oracle:
+        from dpro.jsonio import write_json
+        from dpro.oracle.measure import calibrate_oracle, parse_nprocs
+        from dpro.oracle.render import print_calibration
+        from dpro.progress import progress_bar
+
+        counts = parse_nprocs(nprocs, rounds, idle_us)
+        with progress_bar(len(counts), "calibrating the oracle") as tick:
+            d = calibrate_oracle(counts, topology=topology, rounds=rounds, idle_us=idle_us, tick=tick)
+        write_json(output, d)
+        if as_json:
+            print_json(d)
+        else:
+            print_calibration(d, output)
+        return
     if processes < 2:
         raise DproInputError(None, f"--processes {processes}: at least 2")
     if repeats < 1:

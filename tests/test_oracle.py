@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dpro.oracle.calibration import Cost
 from dpro.oracle.formulas import GE, HALO, LAYERWISE, P2P, Link, Options, predict
 from dpro.oracle.layers import OTHER, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
@@ -30,7 +31,7 @@ def run(strategy: str, p: int, **kw):
 
 
 def test_link_formulas() -> None:
-    link = Link(10, 0.01)
+    link = Link(Cost(10, 0.01))
     assert link.allreduce(4, 400) == pytest.approx(2 * 3 * (10 + 0.01 * 100))
     assert link.allgather(4, 400) == pytest.approx(3 * (10 + 0.01 * 100))
     assert link.p2p(100) == pytest.approx(11)
@@ -286,10 +287,11 @@ def test_links_per_process_count() -> None:
     two, eight = link_of(plat, 2), link_of(plat, 8)
     assert two.allreduce(2, 1000) == pytest.approx(2 * (100 + 0.1 * 500))
     assert two.allgather(2, 1000) == pytest.approx(200 + 0.2 * 500)
-    assert two.exchange(2, 100) == pytest.approx(50 + 0.05 * 100)
+    assert two.exchange(2, 100) == pytest.approx(50 + 0.05 * 2 * 100)  # both messages through the rank's link
+    assert two.exchange(1, 100) == pytest.approx(50 + 0.05 * 100)
     assert eight.allreduce(4, 1000) == pytest.approx(6 * (300 + 0.3 * 250))
     assert eight.allgather(4, 1000) == pytest.approx(3 * (300 + 0.3 * 250))  # none measured: the all-reduce's
-    assert Link(10, 0.01).exchange(2, 100) == pytest.approx(2 * 11)  # uncalibrated: nb P2P in turn
+    assert Link(Cost(10, 0.01)).exchange(2, 100) == pytest.approx(2 * 11)  # uncalibrated: nb P2P in turn
     x = predict(two_layers(), "spatial", 2, plat, Options(batch=B))
     assert x.communication_us[HALO] == pytest.approx(2 * (50 + 0.05 * 8 * 32))
 

@@ -5,9 +5,10 @@ parts of the calibration taken out, and print the error per strategy.
     python benchmarks/oracle/ablate.py /tmp/dpro-oracle-bench [--platform platform_c0.json]
 
 Variants: ``α, β only`` (the 2-process all-reduce fit, as before the calibration),
-``+ links`` (the collectives per process count: all-reduce, all-gather, halo exchange),
-``+ host`` (the full calibration), ``+ host, no contention`` (φ = 1: every rank has its
-own link, as in the capped namespaces). Error = (predicted − measured) / measured.
+``+ links, no bucket`` (the collectives per process count: all-reduce, all-gather, halo
+exchange, as α + βS), ``+ links`` (with the token bucket the calibration found, if any),
+``+ host`` (the full calibration, its topology), ``+ host, <the other topology>``,
+``+ host, no contention`` (φ = 1). Error = (predicted − measured) / measured.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="run.py's --out directory")
     p.add_argument("--platform", default="platform_c0.json", help="platform file in OUT")
+    p.add_argument("--refit", action="store_true",
+                   help="first rebuild the platform file from OUT's calibration samples (gloo_link_<n>_c0.json) "
+                        "with the current library (platform_from_samples); nothing measured again")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     import dpro
@@ -33,15 +37,31 @@ def main() -> None:
     from dpro.oracle.calibration import Calibration, HostCosts
     from dpro.oracle.platform import read_platform
 
+    if args.refit:
+        import os
+
+        from dpro.oracle.calibration import platform_from_samples
+
+        samples = {int(f.name.split("_")[2]): json.loads(f.read_text())
+                   for f in sorted(args.out.glob("gloo_link_*_c0.json"))}
+        args.platform = "platform_refit.json"
+        (args.out / args.platform).write_text(json.dumps(platform_from_samples(samples, cores=os.cpu_count())))
+        print(f"refitted {sorted(samples)} processes' samples into {args.out / args.platform}")
     res = json.loads((args.out / "result.json").read_text())
     rows = res["rows"]
     procs = sorted({r["devices"] for r in rows})
     job = dpro.open(args.out / "trace")
     full = read_platform(args.out / args.platform)
+    cal = full.calibration
+    plain_links = {n: {k: dataclasses.replace(c, burst=0.0, beta_burst=0.0) for k, c in d.items()}
+                   for n, d in cal.links.items()}
+    other = "shared" if cal.topology == "per-rank" else "per-rank"
     variants = {
         "α, β only": dataclasses.replace(full, calibration=Calibration()),
-        "+ links": dataclasses.replace(full, calibration=Calibration(full.calibration.links, HostCosts())),
+        "+ links, no bucket": dataclasses.replace(full, calibration=Calibration(plain_links, HostCosts(), cal.topology)),
+        "+ links": dataclasses.replace(full, calibration=Calibration(cal.links, HostCosts(), cal.topology)),
         "+ host": full,
+        f"+ host, {other}": dataclasses.replace(full, calibration=dataclasses.replace(cal, topology=other)),
     }
     preds: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
     full_res = None
@@ -51,7 +71,7 @@ def main() -> None:
         if plat.calibration.links or plat.calibration.host != HostCosts():
             d["oracle"] = plat.calibration.to_json()
         else:
-            d.pop("oracle", None)
+            d.pop("oracle", None)  # α, β only: the flat all-reduce cost (and its shared link)
         tmp.write_text(json.dumps(d))
         r = run_oracle(job, procs, batch=res.get("batch", 32), platform=str(tmp), simulate=True,
                        contention=not name.endswith("no contention"))

@@ -42,7 +42,7 @@ def main() -> None:
             d = json.loads(f.read_text())
             c = fit_collectives(n, d["raw"])
             ar, ag, ex = c["allreduce"], c["allgather"], c["exchange"]
-            link = Link(ar.alpha, ar.beta, 1.0, (ag.alpha, ag.beta), (ex.alpha, ex.beta))
+            link = Link(ar, 1.0, ag, ex)
             cost = {"allreduce": lambda m: link.allreduce(n, m), "allgather": lambda m: link.allgather(n, m),
                     "exchange": lambda m: link.exchange(1, m)}
             probes = [cost[kind](m) for kind, m in PROBES]

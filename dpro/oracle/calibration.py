@@ -1,45 +1,70 @@
 """The oracle's calibration: collective and host-op costs fitted from microbenchmark samples.
 
-A platform file may hold an ``"oracle"`` section (benchmarks/oracle/calibrate.py writes it
-from benchmarks/oracle/gloo_link.py's samples; never from the runs it is checked against)::
+A platform file may hold an ``"oracle"`` section (``dpro calibrate --oracle`` writes it from
+dpro/oracle/measure.py's samples; never from the runs it is checked against)::
 
-    "oracle": {"links": {"2": {"allreduce": {"alpha_us", "beta_us_per_byte"},
+    "oracle": {"links": {"2": {"allreduce": {"alpha_us", "beta_us_per_byte"
+                                             [, "burst_bytes", "burst_beta_us_per_byte"]},
                                "allgather": {...}, "exchange": {...}}, "4": {...}},
                "host": {"cat": {"alpha_us", "beta_us_per_byte"}, "slice": {...}, "clone": {...},
-                        "zeros": {...}, "function_us": 41.0}}
+                        "zeros": {...}, "function_us": 41.0},
+               "topology": {"links": "shared" | "per-rank", "concurrent_ratio": 1.9, "source": "measured"}}
 
-``links[n]``: measured in a job of n processes; all-reduce and all-gather per ring step
-(``AR(k, m) = 2(k-1)(α + β m/k)``, ``AG(k, m) = (k-1)(α + β m/k)``, m the whole result),
-``exchange`` per message of one halo exchange (isend/irecv to each neighbour, then wait).
-``host``: per call + per byte of the copies examples/parallel/ makes around its
-collectives, and one autograd.Function's forward + backward (µs). Every fit is non-negative
-least squares over all samples, each size's extremes trimmed (:func:`_fit`).
+``links[n]``: measured in a job of n processes. A collective's time is its per-call α
+times its calls (ring steps) plus the wire time of the bytes one rank sends, S:
+``AR(k, m) = 2(k-1)α + W(2(k-1)m/k)``, ``AG(k, m) = (k-1)α + W((k-1)m/k)`` (m the whole
+result), a halo exchange with nb neighbours ``α + W(nb·m)`` (isend/irecv to each, then
+wait; one link carries them). ``W(S) = βS`` on a plain link; on a link with a token
+bucket (a ``tc tbf`` cap, a cloud NIC's burst credit) the first ``burst_bytes`` go at
+``burst_beta`` and the rest at β (:meth:`Cost.wire`; the bucket refills at the capped rate
+1/β between collectives). ``host``: per call + per byte of the copies examples/parallel/
+makes around its collectives, and one autograd.Function's forward + backward (µs).
+``topology``: whether two collectives of disjoint ranks share a link (loopback, one NIC
+per host: the contention penalty applies) or every rank has its own (per-rank capped
+links: it does not). Every fit is non-negative least squares over all samples, each
+size's extremes trimmed (:func:`_fit`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
 
-
 COLLECTIVES = ("allreduce", "allgather", "exchange")
 HOST_OPS = ("cat", "slice", "clone", "zeros")
+TOPOLOGIES = ("shared", "per-rank")
 
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """``alpha`` µs per call (or ring step), ``beta`` µs per byte."""
+    """``alpha`` µs per call (or ring step), ``beta`` µs per byte; on a link with a token
+    bucket, the first ``burst`` bytes a rank sends go at ``beta_burst`` µs per byte."""
 
     alpha: float = 0.0
     beta: float = 0.0
+    burst: float = 0.0
+    beta_burst: float = 0.0
+
+    def wire(self, sent: float, refill_us: float = math.inf) -> float:
+        """µs to send ``sent`` bytes: as many as the bucket holds (its burst, or what
+        refills at the capped rate 1/β in the ``refill_us`` since the last collective
+        emptied it) at ``beta_burst``, the rest at β."""
+        fast = 0.0
+        if self.burst > 0 and sent > 0:
+            fast = min(sent, self.burst, refill_us / self.beta if self.beta > 0 else math.inf)
+        return self.beta_burst * fast + self.beta * (sent - fast)
 
     def us(self, nbytes: float) -> float:
-        return self.alpha + self.beta * nbytes
+        return self.alpha + self.wire(nbytes)
 
     def to_json(self) -> dict:
-        return {"alpha_us": self.alpha, "beta_us_per_byte": self.beta}
+        d = {"alpha_us": self.alpha, "beta_us_per_byte": self.beta}
+        if self.burst > 0:
+            d |= {"burst_bytes": self.burst, "burst_beta_us_per_byte": self.beta_burst}
+        return d
 
 
 @dataclass(frozen=True)
@@ -60,10 +85,14 @@ class HostCosts:
 
 @dataclass
 class Calibration:
-    """Per world size, the collectives' costs; the host costs."""
+    """Per world size, the collectives' costs; the host costs; whether collectives of
+    disjoint ranks share a link (``topology``: "shared", the default, or "per-rank")."""
 
     links: dict[int, dict[str, Cost]] = field(default_factory=dict)
     host: HostCosts = HostCosts()
+    topology: str = "shared"
+    #: measured: a pair's all-reduce with another pair's at once over it alone (None: declared)
+    concurrent_ratio: float | None = None
 
     def link(self, world: int) -> dict[str, Cost] | None:
         """The costs measured at ``world`` processes, else at the largest smaller world,
@@ -75,38 +104,26 @@ class Calibration:
 
     def to_json(self) -> dict:
         return {"links": {str(n): {k: c.to_json() for k, c in d.items()} for n, d in sorted(self.links.items())},
-                "host": self.host.to_json()}
+                "host": self.host.to_json(),
+                "topology": {"links": self.topology, "concurrent_ratio": self.concurrent_ratio,
+                             "source": "declared" if self.concurrent_ratio is None else "measured"}}
 
 
+#: a pair's all-reduce next to another pair's this many times slower than alone: they share a link
+SHARED_RATIO = 1.3
 #: share of the samples dropped at each end of a size's samples before averaging them
 TRIM = 0.1
+#: a knee is a token bucket when the rate beyond it is this many times slower than below it ...
+BURST_SLOWDOWN = 3.0
+#: ... and it takes this share of the squared error of the plain fit away
+BURST_GAIN = 0.3
 
 
-def _nnls2(A: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """min |A x - y|² over x >= 0, A with two columns (the unconstrained optimum, else the
-    best with one coefficient zero)."""
-    x, *_ = np.linalg.lstsq(A, y, rcond=None)
-    if (x >= 0).all():
-        return float(x[0]), float(x[1])
-    best = (np.inf, 0.0, 0.0)
-    for j in (0, 1):
-        col = A[:, j]
-        c = max(0.0, float(col @ y / (col @ col))) if col @ col > 0 else 0.0
-        r = float(((col * c - y) ** 2).sum())
-        best = min(best, (r, c if j == 0 else 0.0, c if j == 1 else 0.0))
-    return best[1], best[2]
-
-
-def _fit(rows: list[list[float]], steps: float, per: float) -> Cost:
-    """``µs = steps * (α + β * bytes / per)`` fitted by least squares (α, β >= 0) to every
-    sample but the ``TRIM`` share at each end of each size's samples: the mean, because a
-    step of many collectives adds up their mean (a call on a shared host is bimodal: a
-    fast path and a wait of ~3 ms for the CPU, so a median jumps between the two from one
-    run to the next), pooled over the sizes (the wait is the same for every size: α), and
-    trimmed of the rare extremes."""
+def _trimmed(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
     by: dict[float, list[float]] = {}
     for b, t in rows:
-        by.setdefault(float(b), []).append(float(t))
+        if t == t:  # NaN: no rank took part
+            by.setdefault(float(b), []).append(float(t))
     xs, ys = [], []
     for b, v in by.items():
         v = sorted(v)
@@ -114,27 +131,146 @@ def _fit(rows: list[list[float]], steps: float, per: float) -> Cost:
         kept = v[k:len(v) - k] if len(v) > 2 * k else v
         xs += [b] * len(kept)
         ys += kept
-    A = np.array([[steps, steps * b / per] for b in xs], dtype=float)
-    return Cost(*_nnls2(A, np.array(ys, dtype=float)))
+    return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
-def fit_collectives(world: int, raw: dict[str, list[list[float]]]) -> dict[str, Cost]:
-    """Per kind of ``raw`` (gloo_link.py's samples at ``world`` processes), its per-step (per-message) cost."""
-    shape = {"allreduce": (2 * (world - 1), world), "allgather": (world - 1, world), "exchange": (1, 1)}
-    return {k: _fit(raw[k], *shape[k]) for k in COLLECTIVES if raw.get(k)}
+def _nnls(A: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """min |A x - y|² over x >= 0: (x, squared error)."""
+    from scipy.optimize import nnls
+
+    x, r = nnls(A, y)
+    return x, float(r) ** 2
+
+
+def _fit(rows: list[list[float]], steps: float, per: float, burst: bool = False) -> Cost:
+    """``µs = steps * α + W(S)``, S = ``steps * bytes / per`` the bytes one rank sends,
+    fitted by least squares (every coefficient >= 0) to every sample but the ``TRIM`` share
+    at each end of each size's samples: the mean, because a step of many collectives adds
+    up their mean (a call on a shared host is bimodal: a fast path and a wait of ~3 ms for
+    the CPU, so a median jumps between the two from one run to the next), pooled over the
+    sizes (the wait is the same for every size: α), and trimmed of the rare extremes.
+
+    ``W(S) = βS``; with ``burst``, also the token bucket ``W(S) = β_b min(S, K) + β (S - K)⁺``
+    with the knee K at each measured S in turn (at least two sizes above it). A knee is
+    kept when it is a bucket, not a bend of a fast link: the rate beyond it is
+    ``BURST_SLOWDOWN`` times the rate below, the burst saves more than one call's α
+    (K(β - β_b) > steps·α), and it takes ``BURST_GAIN`` of the plain fit's error away,
+    the error relative to each size's mean (the large sizes' spread would hide the small
+    ones' in absolute terms)."""
+    xs, ys = _trimmed(rows)
+    if not len(xs):
+        return Cost()
+    S = steps * xs / per
+    ones = np.full_like(S, steps)
+    (a, b), _ = _nnls(np.column_stack([ones, S]), ys)
+    plain = Cost(float(a), float(b))
+    sizes = np.unique(S)
+    if not burst or len(sizes) < 5:
+        return plain
+    mean = {v: ys[S == v].mean() for v in sizes}
+    w = np.array([1 / mean[v] if mean[v] > 0 else 0.0 for v in S])
+
+    def rel(c: Cost) -> float:
+        pred = steps * c.alpha + np.array([c.wire(v) for v in S])
+        return float((((pred - ys) * w) ** 2).sum())
+
+    best: tuple[float, Cost] = (rel(plain), plain)
+    for K in sizes[1:-2]:
+        A = np.column_stack([ones, np.minimum(S, K), np.maximum(S - K, 0.0)])
+        (a, bb, b), _ = _nnls(A, ys)
+        c = Cost(float(a), float(b), float(K), float(bb))
+        if b >= BURST_SLOWDOWN * bb and K * (b - bb) > steps * a and (e := rel(c)) < best[0]:
+            best = (e, c)
+    return best[1] if best[0] <= (1 - BURST_GAIN) * rel(plain) else plain
+
+
+def shape(kind: str, world: int) -> tuple[float, float]:
+    """(calls, bytes of the sample per byte a rank sends) of ``kind`` at ``world`` processes."""
+    nb = min(2, world - 1)
+    return {"allreduce": (2 * (world - 1), world / (2 * (world - 1))), "allgather": (world - 1, world / (world - 1)),
+            "exchange": (1, 1 / nb)}[kind]
+
+
+def fit_collectives(world: int, raw: dict[str, list[list[float]]], burst: bool = True) -> dict[str, Cost]:
+    """Per kind of ``raw`` (measure.py's samples at ``world`` processes), its per-call cost
+    and the wire time of the bytes one rank sends (with a token bucket when the samples show one)."""
+    out = {}
+    for k in COLLECTIVES:
+        if raw.get(k):
+            steps, per = shape(k, world)
+            out[k] = _fit(raw[k], steps, per * steps, burst)
+    return out
+
+
+def topology_of(raw: dict[str, list[list[float]]]) -> tuple[str, float] | None:
+    """("shared" | "per-rank", ratio) from the ``pair`` and ``concurrent`` samples: the
+    median over sizes of a pair's all-reduce next to another pair's over it alone; two
+    flows on one link take twice as long (ratio 2), on links of their own as long (1; a
+    little more where the ranks share CPU cores): "shared" from ``SHARED_RATIO``. None without the samples (fewer than 4 processes)."""
+    pair, conc = _trimmed(raw.get("pair") or []), _trimmed(raw.get("concurrent") or [])
+    ratios = []
+    for s in np.unique(pair[0]):
+        a, c = pair[1][pair[0] == s], conc[1][conc[0] == s]
+        if len(a) and len(c) and a.mean() > 0:
+            ratios.append(float(c.mean() / a.mean()))
+    if not ratios:
+        return None
+    r = statistics.median(ratios)
+    return ("shared" if r >= SHARED_RATIO else "per-rank"), r
 
 
 def fit_host(raw: dict[str, list[list[float]]], function_us: list[float]) -> HostCosts:
-    """The host costs from gloo_link.py's host samples."""
+    """The host costs from measure.py's host samples."""
     kw = {k: _fit(raw[k], 1, 1) for k in HOST_OPS if raw.get(k)}
     return HostCosts(**kw, function_us=statistics.median(function_us) if function_us else 0.0)
+
+
+def calibration_of(samples: dict[int, dict], topology: str = "measure") -> Calibration:
+    """The calibration from measure.py's samples per process count (the host costs from
+    the first that has them); ``topology``: "measure" (from the samples of 4 processes or
+    more, else "shared"), or declared "shared" / "per-rank"."""
+    if topology not in (*TOPOLOGIES, "measure"):
+        raise ValueError(f"topology must be measure, shared or per-rank (got {topology!r})")
+    cal = Calibration()
+    for n, d in sorted(samples.items()):
+        cal.links[n] = fit_collectives(n, d["raw"])
+        if cal.host == HostCosts() and d.get("function_us"):
+            cal.host = fit_host(d["raw"], d["function_us"])
+    if topology == "measure":
+        got = [t for n, d in sorted(samples.items()) if (t := topology_of(d["raw"])) is not None]
+        cal.topology, cal.concurrent_ratio = got[-1] if got else ("shared", None)
+    else:
+        cal.topology = topology
+    return cal
+
+
+def platform_from_samples(samples: dict[int, dict], cores: int | None = None, topology: str = "measure") -> dict:
+    """A platform file (dpro/graph/platform.py's format, what ``dpro calibrate --oracle``
+    writes): the first process count's all-reduce as the link cost, ``cores``, the
+    ``oracle`` section, the all-reduce's median per size."""
+    import socket
+
+    from dpro.graph.platform import FORMAT
+
+    cal = calibration_of(samples, topology)
+    first = min(samples)
+    ar = cal.links[first].get("allreduce", Cost())
+    xs, ys = _trimmed(samples[first]["raw"].get("allreduce") or [])
+    return {"format": FORMAT, "version": 1, "backend": "gloo", "processes": first, "host": socket.gethostname(),
+            "allreduce": {"alpha_us": ar.alpha, "beta_us_per_byte": ar.beta,
+                          "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N)"},
+            "cores": cores, "oracle": cal.to_json(),
+            "samples": [{"bytes": int(b), "us": float(np.median(ys[xs == b]))} for b in np.unique(xs)]}
 
 
 def _cost(d: object) -> Cost:
     if not isinstance(d, dict) or not all(isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
                                           and d[k] >= 0 for k in ("alpha_us", "beta_us_per_byte")):
         raise ValueError("needs alpha_us and beta_us_per_byte, numbers >= 0")
-    return Cost(float(d["alpha_us"]), float(d["beta_us_per_byte"]))
+    extra = [d.get(k, 0.0) for k in ("burst_bytes", "burst_beta_us_per_byte")]
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in extra):
+        raise ValueError("burst_bytes and burst_beta_us_per_byte must be numbers >= 0")
+    return Cost(float(d["alpha_us"]), float(d["beta_us_per_byte"]), float(extra[0]), float(extra[1]))
 
 
 def read_calibration(d: object) -> Calibration:
@@ -155,4 +291,9 @@ def read_calibration(d: object) -> Calibration:
         if isinstance(fn, bool) or not isinstance(fn, (int, float)) or fn < 0:
             raise ValueError("'oracle.host.function_us' must be a number >= 0")
         hc = HostCosts(**{k: _cost(host[k]) for k in HOST_OPS if k in host}, function_us=float(fn))
-    return Calibration(links, hc)
+    topo = d.get("topology") or {}
+    if not isinstance(topo, dict) or topo.get("links", "shared") not in TOPOLOGIES:
+        raise ValueError("'oracle.topology' must be {\"links\": \"shared\" | \"per-rank\"}")
+    ratio = topo.get("concurrent_ratio")
+    ratio = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else None
+    return Calibration(links, hc, topo.get("links", "shared"), ratio)

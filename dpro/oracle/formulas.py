@@ -15,9 +15,9 @@ where m is the whole buffer (the all-gather's result). Times µs, sizes bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from dpro.oracle.calibration import HostCosts
+from dpro.oracle.calibration import Cost, HostCosts
 from dpro.oracle.layers import CHANNELWISE, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
 
@@ -28,50 +28,61 @@ GE, LAYERWISE, HALO, P2P = "gradient_exchange", "layerwise_collectives", "halo_e
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """Collective costs over a platform with a contention penalty ``phi``; ``gather`` and
-    ``exch``: the all-gather's per-step and the halo exchange's per-message (α, β) when
-    calibrated apart (dpro/oracle/calibration.py), else the all-reduce's."""
+    """Collective costs over a platform with a contention penalty ``phi``: per call α and
+    the wire time of the bytes one rank sends (:class:`Cost`; on a link with a token
+    bucket, its burst as refilled in the ``refill_us`` between two collectives at the
+    capped rate); ``gather`` and ``exch``: the all-gather's and the halo exchange's costs
+    when calibrated apart (dpro/oracle/calibration.py), else the all-reduce's."""
 
-    alpha: float
-    beta: float
+    ar: Cost
     phi: float = 1.0
-    gather: tuple[float, float] | None = None
-    exch: tuple[float, float] | None = None
+    gather: Cost | None = None
+    exch: Cost | None = None
+    refill_us: float = math.inf
+
+    def _t(self, c: Cost, calls: float, sent: float) -> float:
+        return calls * c.alpha + self.phi * c.wire(sent, self.refill_us)
 
     def allreduce(self, n: int, m: float) -> float:
-        return 2 * (n - 1) * (self.alpha + self.phi * self.beta * m / n) if n > 1 else 0.0
+        return self._t(self.ar, 2 * (n - 1), 2 * (n - 1) * m / n) if n > 1 else 0.0
 
     def allgather(self, n: int, m: float) -> float:
-        a, b = self.gather or (self.alpha, self.beta)
-        return (n - 1) * (a + self.phi * b * m / n) if n > 1 else 0.0
+        return self._t(self.gather or self.ar, n - 1, (n - 1) * m / n) if n > 1 else 0.0
 
     def p2p(self, m: float) -> float:
         """One blocking send to one peer: a ring step's cost (ParaDL's P2P)."""
-        return self.alpha + self.phi * self.beta * m
+        return self._t(self.ar, 1, m)
 
     def exchange(self, nb: int, m: float) -> float:
         """One halo exchange of m bytes with each of ``nb`` neighbours: measured as one
-        (sends and receives posted together) when calibrated, else ``nb`` P2P in turn."""
+        (sends and receives posted together, nb·m bytes through the rank's link) when
+        calibrated, else ``nb`` P2P in turn."""
         if nb <= 0:
             return 0.0
         if self.exch:
-            return self.exch[0] + self.phi * self.exch[1] * m
+            return self._t(self.exch, 1, nb * m)
         return nb * self.p2p(m)
 
+    @property
+    def bursty(self) -> bool:
+        """A token bucket on any of the costs (its refill depends on the gaps between collectives)."""
+        return any(c is not None and c.burst > 0 for c in (self.ar, self.gather, self.exch))
+
     def shared(self, phi: float) -> Link:
-        return Link(self.alpha, self.beta, max(1.0, phi), self.gather, self.exch)
+        return replace(self, phi=max(1.0, phi))
+
+    def refilled(self, gap_us: float) -> Link:
+        return replace(self, refill_us=gap_us)
 
 
 def link_of(platform: Platform, devices: int) -> Link:
     """The link of a job of ``devices`` processes: the calibration measured at that
     process count (dpro/oracle/calibration.py) when the platform has one, else α, β."""
+    flat = Cost(platform.alpha_us, platform.beta_us_per_byte)
     got = platform.calibration.link(devices)
     if not got:
-        return Link(platform.alpha_us, platform.beta_us_per_byte)
-    ar = got.get("allreduce")
-    a, b = (ar.alpha, ar.beta) if ar else (platform.alpha_us, platform.beta_us_per_byte)
-    ag, ex = got.get("allgather"), got.get("exchange")
-    return Link(a, b, 1.0, (ag.alpha, ag.beta) if ag else None, (ex.alpha, ex.beta) if ex else None)
+        return Link(flat)
+    return Link(got.get("allreduce") or flat, 1.0, got.get("allgather"), got.get("exchange"))
 
 
 # ---------------------------------------------------------------- host work around collectives
@@ -122,6 +133,10 @@ class Prediction:
     bottleneck: str = ""
     #: host work around each communication phase (copies, autograd Functions), by phase
     host_us: dict[str, float] = field(default_factory=dict)
+    #: collective calls a rank takes part in per iteration (the gaps between them refill a token bucket)
+    calls: int = 0
+    #: the compute between two of them (µs) that refilled the link's token bucket (inf: none, or full)
+    refill_us: float = math.inf
 
     @property
     def comm_us(self) -> float:
@@ -166,13 +181,13 @@ def _blocks(m: ModelProfile) -> list[tuple[Layer, Layer]]:
 def data(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0) -> Prediction:
     comp = _time(m.layers, B / p) + sum(lay.wu_us for lay in m.layers) + m.overhead_us
     comm = {GE: link.allreduce(p, m.weight_bytes())}
-    return Prediction("data", p, comp, comm, _memory(m.layers, B / p, 1.0, gamma), {"data": p})
+    return Prediction("data", p, comp, comm, _memory(m.layers, B / p, 1.0, gamma), {"data": p}, calls=int(p > 1))
 
 
 def _filter_like(m: ModelProfile, p: int, b: float, link: Link, channel: bool,
-                 host: HostCosts = HostCosts()) -> tuple[float, float, float]:
-    """Compute, layer-wise communication and the host work around it of filter (or
-    channel) parallelism over p devices on b samples."""
+                 host: HostCosts = HostCosts()) -> tuple[float, float, float, int]:
+    """Compute, layer-wise communication, the host work around it and the collective
+    calls of filter (or channel) parallelism over p devices on b samples."""
     split = [lay for lay in m.layers if lay.kind == WEIGHTED or (lay.kind == CHANNELWISE and not channel)]
     rest = [lay for lay in m.layers if lay not in split]
     comp = _time(split, b / p) + _time(rest, b) + sum(lay.wu_us for lay in m.layers) / p + m.overhead_us
@@ -184,19 +199,20 @@ def _filter_like(m: ModelProfile, p: int, b: float, link: Link, channel: bool,
         else:  # forward: all-gather of the block's output; backward: all-reduce of dL/dx
             comm += link.allgather(p, b * last.y_bytes) + (link.allreduce(p, b * w.x_bytes) if i else 0.0)
             hw += sum(gather_host(host, b * last.y_bytes, p)) if p > 1 else 0.0
-    return comp, comm, hw
+    nblocks = len(_blocks(m))
+    return comp, comm, hw, (2 * nblocks - 1 if nblocks and p > 1 else 0)
 
 
 def filter_(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, host: HostCosts = HostCosts()) -> Prediction:
-    comp, comm, hw = _filter_like(m, p, B, link, False, host)
+    comp, comm, hw, calls = _filter_like(m, p, B, link, False, host)
     return Prediction("filter", p, comp, {LAYERWISE: comm}, _memory(m.layers, B, 1 / p, gamma), {"filter": p},
-                      host_us=_nonzero({LAYERWISE: hw}))
+                      host_us=_nonzero({LAYERWISE: hw}), calls=calls)
 
 
 def channel(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, host: HostCosts = HostCosts()) -> Prediction:
-    comp, comm, hw = _filter_like(m, p, B, link, True, host)
+    comp, comm, hw, calls = _filter_like(m, p, B, link, True, host)
     return Prediction("channel", p, comp, {LAYERWISE: comm}, _memory(m.layers, B, 1 / p, gamma), {"channel": p},
-                      host_us=_nonzero({LAYERWISE: hw}))
+                      host_us=_nonzero({LAYERWISE: hw}), calls=calls)
 
 
 def _nonzero(d: dict[str, float]) -> dict[str, float]:
@@ -204,10 +220,10 @@ def _nonzero(d: dict[str, float]) -> dict[str, float]:
 
 
 def _spatial_like(m: ModelProfile, p: int, b: float, link: Link,
-                  host: HostCosts = HostCosts()) -> tuple[float, float, float, int, int, dict[str, float]]:
+                  host: HostCosts = HostCosts()) -> tuple[float, float, float, int, int, dict[str, float], int]:
     """Compute, halo exchange and the row gather before the first non-spatial layer, the
     spatial and the replicated weight bytes, the host work around the halo exchange and
-    the gather; height split over p devices, b samples."""
+    the gather, their collective calls; height split over p devices, b samples."""
     sp = [lay for lay in m.layers if lay.spatial]
     rest = [lay for lay in m.layers if not lay.spatial]
     comp = _time(sp, b / p) + _time(rest, b) + sum(lay.wu_us for lay in m.layers) + m.overhead_us
@@ -218,16 +234,18 @@ def _spatial_like(m: ModelProfile, p: int, b: float, link: Link,
     gather = link.allgather(p, b * sp[-1].y_bytes) if gathered else 0.0
     hw = {HALO: sum(sum(halo_host(host, b * lay.x_bytes / p, b * lay.halo_bytes())) for lay in convs),
           LAYERWISE: sum(gather_host(host, b * sp[-1].y_bytes, p)) if gathered else 0.0}
-    return comp, halo, gather, sum(lay.w_bytes for lay in sp), sum(lay.w_bytes for lay in rest), hw
+    calls = 2 * len(convs) + int(gathered)
+    return comp, halo, gather, sum(lay.w_bytes for lay in sp), sum(lay.w_bytes for lay in rest), hw, calls
 
 
 def spatial(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, host: HostCosts = HostCosts()) -> Prediction:
-    comp, halo, gather, w_sp, _, hw = _spatial_like(m, p, B, link, host)
+    comp, halo, gather, w_sp, _, hw, calls = _spatial_like(m, p, B, link, host)
     sp = [lay for lay in m.layers if lay.spatial]
     mem = _memory(sp, B / p, 1.0, gamma) + _memory([x for x in m.layers if not x.spatial], B, 1.0, gamma)
     comm = {GE: link.allreduce(p, w_sp), HALO: halo, LAYERWISE: gather}
     hw[GE] = grads_host(host, w_sp, scaled=False)
-    return Prediction("spatial", p, comp, comm, mem, {"spatial": p, "split": "height"}, host_us=_nonzero(hw))
+    return Prediction("spatial", p, comp, comm, mem, {"spatial": p, "split": "height"}, host_us=_nonzero(hw),
+                      calls=calls + int(bool(w_sp) and p > 1))
 
 
 def stages(m: ModelProfile, p: int) -> list[list[Layer]]:
@@ -263,7 +281,8 @@ def pipeline(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, mi
     comp = (p + S - 1) * (fw + bw) + wu + m.overhead_us
     comm = 2 * (p + S - 2) * max((link.p2p(b * g[-1].y_bytes) for g in groups[:-1]), default=0.0)
     mem = max(_memory(g, B, 1.0, gamma) for g in groups)
-    return Prediction("pipeline", p, comp, {P2P: comm}, mem, grid)
+    # a stage sends after each micro-batch's forward or backward: one call per pass
+    return Prediction("pipeline", p, comp, {P2P: comm}, mem, grid, calls=2 * (p + S - 1) if p > 1 else 0)
 
 
 def data_filter(m: ModelProfile, p1: int, p2: int, B: int, link: Link, gamma: float = 1.0,
@@ -271,11 +290,12 @@ def data_filter(m: ModelProfile, p1: int, p2: int, B: int, link: Link, gamma: fl
     """p1 data groups of p2 filter-parallel devices; with ``contention`` the p1 groups'
     collectives (and the p2 gradient all-reduces) run at once and share the link (φ)."""
     f1, f2 = (p1, p2) if contention else (1, 1)
-    comp, lw, hw = _filter_like(m, p2, B / p1, link.shared(f1), False, host)
+    comp, lw, hw, calls = _filter_like(m, p2, B / p1, link.shared(f1), False, host)
     ge = link.shared(f2).allreduce(p1, m.weight_bytes() / p2)
     pr = Prediction("data+filter", p1 * p2, comp, {GE: ge, LAYERWISE: lw},
                     _memory(m.layers, B / p1, 1 / p2, gamma), {"data": p1, "filter": p2},
-                    host_us=_nonzero({LAYERWISE: hw, GE: grads_host(host, m.weight_bytes() / p2, scaled=True)}))
+                    host_us=_nonzero({LAYERWISE: hw, GE: grads_host(host, m.weight_bytes() / p2, scaled=True)}),
+                    calls=calls + 1)
     pr.contention = float(max(f1, f2))
     return pr
 
@@ -285,13 +305,14 @@ def data_spatial(m: ModelProfile, p1: int, p2: int, B: int, link: Link, gamma: f
     """p1 data groups of p2 spatial devices: the spatial layers' gradients are summed over
     all p devices, the replicated ones' over the p1 groups (p2 at once: contention)."""
     f1, f2 = (p1, p2) if contention else (1, 1)
-    comp, halo, gather, w_sp, w_rest, hw = _spatial_like(m, p2, B / p1, link.shared(f1), host)
+    comp, halo, gather, w_sp, w_rest, hw, calls = _spatial_like(m, p2, B / p1, link.shared(f1), host)
     ge = link.allreduce(p1 * p2, w_sp) + link.shared(f2).allreduce(p1, w_rest)
     hw[GE] = grads_host(host, w_sp, scaled=True) + grads_host(host, w_rest, scaled=True)
     sp = [lay for lay in m.layers if lay.spatial]
     mem = _memory(sp, B / (p1 * p2), 1.0, gamma) + _memory([x for x in m.layers if not x.spatial], B / p1, 1.0, gamma)
     pr = Prediction("data+spatial", p1 * p2, comp, {GE: ge, HALO: halo, LAYERWISE: gather}, mem,
-                    {"data": p1, "spatial": p2, "split": "height"}, host_us=_nonzero(hw))
+                    {"data": p1, "spatial": p2, "split": "height"}, host_us=_nonzero(hw),
+                    calls=calls + int(bool(w_sp)) + int(bool(w_rest)))
     pr.contention = float(max(f1, f2))
     return pr
 
@@ -340,23 +361,30 @@ class Options:
 
 def predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
     """The best grid of ``strategy`` on ``p`` devices (hybrids: every p1 x p2 = p with both > 1);
-    compute is slowed by the platform's core sharing (:meth:`Platform.slowdown`)."""
-    pr = _predict(m, strategy, p, platform, opts)
-    f = platform.slowdown(p)
+    compute is slowed by the platform's core sharing (:meth:`Platform.slowdown`). On a link
+    with a token bucket, a second pass refills it in the mean compute between two of the
+    first pass's collectives (busy time / calls)."""
+    link, f = link_of(platform, p), platform.slowdown(p)
+    pr = _predict(m, strategy, p, platform, opts, link)
+    if link.bursty and pr.calls and math.isfinite(pr.busy_us):
+        gap = pr.busy_us * f / pr.calls
+        pr = _predict(m, strategy, p, platform, opts, link.refilled(gap))
+        pr.refill_us = gap
     pr.compute_us *= f
     pr.host_us = {k: v * f for k, v in pr.host_us.items()}
     return pr
 
 
-def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
-    link, host = link_of(platform, p), platform.calibration.host
+def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options, link: Link) -> Prediction:
+    host = platform.calibration.host
+    contention = opts.contention and platform.shares_links
     B, g = opts.batch, opts.gamma
     lim = Limits.of(m, B)
     if strategy in ("data+filter", "data+spatial"):
         fn = data_filter if strategy == "data+filter" else data_spatial
-        cands = [fn(m, p // k, k, B, link, g, opts.contention, host) for k in range(2, p) if p % k == 0]
+        cands = [fn(m, p // k, k, B, link, g, contention, host) for k in range(2, p) if p % k == 0]
         if not cands:
-            pr = fn(m, p, 1, B, link, g, opts.contention, host)
+            pr = fn(m, p, 1, B, link, g, contention, host)
             pr.grid = {"data": p, strategy.split("+")[1]: 1}
             _mark(pr, ("devices", f"{p} devices have no split into two groups of 2 or more"), opts)
             return pr

@@ -77,7 +77,9 @@ class OracleResult:
                  "host_us": x.host_us,
                  "memory_bytes": x.memory_bytes, "feasible": x.feasible, "limit": x.limit,
                  "limit_reason": x.limit_reason, "rank": x.rank, "bottleneck": x.bottleneck,
-                 "contention": x.contention, "grid": x.grid, "launcher": self.launcher(x)}
+                 "contention": x.contention, "grid": x.grid, "launcher": self.launcher(x),
+                 "collective_calls": x.calls,
+                 "bucket_refill_us": x.refill_us if math.isfinite(x.refill_us) else None}
             sim = self.simulated.get((x.strategy, x.devices))
             if sim is not None:  # what the replayed schedule leaves of the communication exposed
                 d["simulated_iteration_us"] = sim if math.isfinite(sim) else None
@@ -135,6 +137,13 @@ def run_oracle(job: Job, devices: list[int], *, batch: int | None = None, memory
     if gamma is None:
         gamma, how = memory_reuse(job, model)
         notes.append(how)
+    if contention and not plat.shares_links:
+        notes.append("the platform's ranks have links of their own (calibration topology per-rank): "
+                     "no contention penalty between a hybrid's concurrent groups")
+    buckets = sorted({f"{c.burst / 1024:.0f} KiB" for d in plat.calibration.links.values() for c in d.values() if c.burst})
+    if buckets:
+        notes.append(f"the link has a token bucket ({', '.join(buckets)} at the line rate, then the capped rate); "
+                     "it refills during the compute between two collectives (bucket_refill_us)")
     opts = Options(batch=batch, memory_budget=memory_budget, gamma=gamma, micro=micro, contention=contention)
     preds = [predict(model, s, p, plat, opts) for p in devices for s in strategies]
     for p in devices:

@@ -33,6 +33,12 @@ class Platform:
     #: the oracle's calibration (per process count links, host costs); empty: α, β only
     calibration: Calibration = field(default_factory=Calibration)
 
+    @property
+    def shares_links(self) -> bool:
+        """Whether collectives of disjoint ranks share a link (the contention penalty
+        applies): the calibration's topology, "shared" unless it says "per-rank"."""
+        return self.calibration.topology != "per-rank"
+
     def slowdown(self, devices: int) -> float:
         """Compute time factor of ``devices`` processes sharing :attr:`cores`."""
         return max(1.0, devices / self.cores) if self.cores else 1.0

@@ -40,3 +40,22 @@ def print_oracle(res: OracleResult, path: Path) -> None:
             click.echo(f"  launcher: {res.launcher(best)}")
     for note in res.to_json()["notes"]:
         click.echo(f"note: {note}")
+
+
+def print_calibration(d: dict, output: Path) -> None:
+    """What ``dpro calibrate --oracle`` measured (the platform file ``d``, written to ``output``)."""
+    cal = d["oracle"]
+    topo = cal["topology"]
+    ratio = topo.get("concurrent_ratio")
+    how = f"measured: two pairs at once take {ratio:.2f}x one pair" if ratio is not None else "declared"
+    click.echo(f"wrote {output}: gloo, {d.get('cores')} cores; ranks' links: {topo['links']} ({how})")
+    for n, kinds in cal["links"].items():
+        for k, c in kinds.items():
+            burst = (f", token bucket: first {c['burst_bytes'] / 1024:.0f} KiB at {c['burst_beta_us_per_byte'] * 1e3:.3f} ns/B"
+                     if c.get("burst_bytes") else "")
+            click.echo(f"  {n} processes {k:<9}: alpha {c['alpha_us']:8.1f} us per call, "
+                       f"beta {c['beta_us_per_byte'] * 1e3:7.3f} ns per byte sent{burst}")
+    h = cal["host"]
+    click.echo("  host: " + ", ".join(f"{k} {h[k]['alpha_us']:.1f} us + {h[k]['beta_us_per_byte'] * 1e3:.3f} ns/B"
+                                      for k in ("cat", "slice", "clone", "zeros")) +
+               f", autograd.Function {h['function_us']:.1f} us")

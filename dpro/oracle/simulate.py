@@ -11,11 +11,13 @@ ordering and overlap are simulated:
   is one op, after the ops that produce its input in every group taking part and before
   those that consume its output; all collectives of a job queue on one ``net`` device,
   so the concurrent groups of a hybrid wait for each other there (the contention that the
-  formulas express with φ) — with contention off, one link per group;
+  formulas express with φ) — with contention off, or on a platform whose ranks have
+  links of their own (the calibration's topology "per-rank"), one link per group;
 * pipeline: one device per stage, GPipe order (all micro-batches forward, then all
   backward), one point-to-point link per pair of neighbouring stages.
 
-Collective durations are the formulas' ring costs without φ. Device counts above
+Collective durations are the formulas' ring costs without φ (on a link with a token
+bucket, refilled as the analytical prediction's ``refill_us`` says). Device counts above
 :data:`MAX_GROUPS` groups are not simulated (the formulas scale; the graph would not).
 """
 
@@ -211,8 +213,8 @@ def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: flo
 
 def simulate_prediction(m: ModelProfile, pr: Prediction, plat: Platform, opts: Options) -> float:
     """The replayed iteration time (µs) of prediction ``pr``'s strategy and grid (NaN: too large to simulate)."""
-    link = link_of(plat, pr.devices)
+    link = link_of(plat, pr.devices).refilled(pr.refill_us)
     f = plat.slowdown(pr.devices)
     if pr.strategy == "pipeline":
         return _pipeline(m, pr, link, opts.batch, f)
-    return _layered(m, pr, link, opts.batch, opts.contention, f, plat.calibration.host)
+    return _layered(m, pr, link, opts.batch, opts.contention and plat.shares_links, f, plat.calibration.host)
