@@ -147,3 +147,13 @@ def test_real_pslite_calibration():
     for row in (small, large):
         assert row["us"] > 0 and row["worker_cpu_us"] > 0 and row["server_cpu_us"] > 0
     assert large["server_cpu_us"] > small["server_cpu_us"]
+
+
+def test_async_port_bound_hand_computed():
+    """4 workers; per worker step server 0 gets 1000 bytes in 2 messages, server 1 3000 in
+    1; alpha 10 µs, beta 0.1 µs/B: ports 20 + 100 = 120 and 10 + 300 = 310 µs of one worker's
+    step, the busiest x 4 workers = 1240 µs."""
+    from dpro.whatif.scaleout import async_port_bound
+
+    assert async_port_bound(4, [1000.0, 3000.0], [2, 1], Transfer(10.0, 0.1)) == pytest.approx(1240.0)
+    assert async_port_bound(1, [], [], Transfer(10.0, 0.1)) == 0.0

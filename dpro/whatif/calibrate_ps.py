@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -100,31 +101,44 @@ def _worker_main(out: str, sizes: list[int], repeats: int, target: int = TARGET_
     Path(out).write_text(json.dumps(rows))
 
 
-def _start(python: str, role: str, env: dict[str, str], argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([python, *argv], env={**env, "DMLC_ROLE": role},
+#: where a process runs: role -> (command prefix, extra environment), e.g. a network namespace
+#: (``ip netns exec NS``, which keeps the process id: the worker reads the server's CPU by it)
+Place = Callable[[str], tuple[list[str], dict[str, str]]]
+
+
+def loopback(role: str) -> tuple[list[str], dict[str, str]]:
+    return [], {"DMLC_NODE_HOST": "127.0.0.1"}
+
+
+def _start(python: str, role: str, env: dict[str, str], argv: list[str], place: Place) -> subprocess.Popen:
+    prefix, extra = place(role)
+    return subprocess.Popen([*prefix, python, *argv], env={**env, **extra, "DMLC_ROLE": role},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def measure(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20,
-            timeout: float = 300.0, target: int = TARGET_BYTES) -> list[dict]:
+            timeout: float = 300.0, target: int = TARGET_BYTES, *, place: Place = loopback,
+            root_uri: str = "127.0.0.1", env: dict[str, str] | None = None) -> list[dict]:
     """Run the scheduler, server and worker with ``python`` (which must have MXNet), return the
-    rows (``target``: bytes each size's rounds move, :func:`rounds_for`)."""
+    rows (``target``: bytes each size's rounds move, :func:`rounds_for`; ``place``/``root_uri``:
+    where the processes run and the scheduler's address, loopback by default; ``env``: the
+    processes' environment, default this one's)."""
     sizes = sizes or DEFAULT_SIZES
-    env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(_free_port()),
-           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "DMLC_NODE_HOST": "127.0.0.1", "PS_VERBOSE": "0"}
+    env = {**(os.environ if env is None else env), "DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(_free_port()),
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "PS_VERBOSE": "0"}
     node = ["-c", "import mxnet"]  # MXNet runs its server / scheduler loop on import, by DMLC_ROLE
     procs = []
     with tempfile.TemporaryDirectory(prefix="dpro-calibrate-ps-") as tmp:
         out = os.path.join(tmp, "rows.json")
         try:
-            procs.append(_start(python, "scheduler", env, node))
-            server = _start(python, "server", env, node)
+            procs.append(_start(python, "scheduler", env, node, place))
+            server = _start(python, "server", env, node, place)
             procs.append(server)
             worker = _start(python, "worker", {**env, ENV_SERVER_PID: str(server.pid)},
                             ["-c", "import sys; from dpro.whatif.calibrate_ps import _worker_main; "
                                    "_worker_main(sys.argv[1], [int(x) for x in sys.argv[2].split(',')], "
                                    "int(sys.argv[3]), int(sys.argv[4]))", out, ",".join(map(str, sizes)), str(repeats),
-                             str(target)])
+                             str(target)], place)
             procs.append(worker)
             try:
                 _, err = worker.communicate(timeout=timeout)
@@ -162,8 +176,10 @@ def fit(rows: list[dict]) -> dict:
     return out
 
 
-def calibrate_ps(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20) -> dict:
-    """Measure and fit; the platform file's content (:mod:`dpro.graph.platform`)."""
-    rows = measure(python, sizes, repeats)
+def calibrate_ps(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20,
+                 **where: object) -> dict:
+    """Measure and fit; the platform file's content (:mod:`dpro.graph.platform`); ``where``:
+    :func:`measure`'s ``place``, ``root_uri`` and ``env``."""
+    rows = measure(python, sizes, repeats, **where)  # type: ignore[arg-type]
     return {"format": FORMAT, "version": 1, "backend": "ps-lite", "processes": 3, "host": socket.gethostname(),
             "ps": fit(rows), "samples": rows}

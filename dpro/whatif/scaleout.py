@@ -485,7 +485,10 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     exposed communication ``T1 - C``; each server's bytes are scaled so that one worker in
     the simulation takes exactly ``T1``, and the simulation adds what the other workers'
     traffic through the same server ports costs and, with ``c.host_cores``, the workers
-    computing at the same time sharing those cores."""
+    computing at the same time sharing those cores. The scaling hides the overlap of one
+    worker's pushes with its backward pass, but also shrinks the bytes the server ports
+    carry: the mean step is at least :func:`async_port_bound` (every worker step's real
+    bytes through the busiest port), and, with ps-lite's CPU cost, :func:`async_cpu_bound`."""
     from dpro.optimizer.ps.costs import fit_update
 
     servers = c.servers or _profiled_servers(job)
@@ -512,6 +515,10 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
                          Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
     bd = {"compute": comp_us, "exposed_COMM_alone": exposed}
+    port = async_port_bound(c.workers, per_server, msgs, t)
+    bd["port_bound"] = port
+    if port > it:
+        it, thr = port, c.workers * 1e6 / port
     if c.host_cores and c.ps_cpu is not None:
         # the host's CPU per worker step: its computation and messages, the servers' side of
         # them and an update per push (asynchronous: every push is applied); a bound on the
@@ -523,6 +530,15 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
         if bound > it:
             it, thr = bound, c.workers * 1e6 / bound
     return Point(c.workers, servers, it, thr, bd)
+
+
+def async_port_bound(workers: int, server_bytes: list[float], server_msgs: list[int], t: Transfer) -> float:
+    """The least mean step of a worker (µs) that the servers' ports allow in asynchronous
+    SGD: a worker step pushes ``server_bytes[s]`` in ``server_msgs[s]`` messages into
+    server ``s`` (and pulls as many out, through the port's other direction); ``workers``
+    such steps at a time through the busiest port take ``workers * (alpha * msgs + beta *
+    bytes)``."""
+    return workers * max((t.alpha * m + t.beta * b for b, m in zip(server_bytes, server_msgs)), default=0.0)
 
 
 def async_cpu_bound(workers: int, cores: int, worker_us: float, other_us: float, pinned: bool = False) -> float:
