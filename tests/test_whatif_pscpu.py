@@ -157,3 +157,15 @@ def test_async_port_bound_hand_computed():
 
     assert async_port_bound(4, [1000.0, 3000.0], [2, 1], Transfer(10.0, 0.1)) == pytest.approx(1240.0)
     assert async_port_bound(1, [], [], Transfer(10.0, 0.1)) == 0.0
+
+
+@pytest.mark.parametrize("gaps, expected", [(False, 290.0), (True, 330.0)])
+def test_ps_demand_leaves_out_the_engine_gaps(gaps, expected):
+    """The graph of test_ps_cpu_shares_the_host_cores with a 40 µs gap before fw (MXNet's
+    engine waiting): T(f) = 40 + 100 f + 50 + 20 f + 50. Without the gap in the demand,
+    2 workers need (2*(100+30) + 300 + 20)/2 = 290 (f = 1.25); counted, (2*(140+30) + 320)/2 = 330."""
+    g = _ps_graph()
+    g.op("fw").gap = 40.0
+    p = _oversubscribed(g, Cluster(2, host_cores=2), lambda h: _simulate_point(h, 2, 1),
+                        worker_cpu=30.0, host_cpu=300.0, gaps=gaps)
+    assert p.iteration_us == pytest.approx(expected, rel=1e-4)

@@ -281,7 +281,7 @@ def _is_server(op: Op) -> bool:
 
 
 def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point], *,
-                    worker_cpu: float = 0.0, host_cpu: float = 0.0) -> Point:
+                    worker_cpu: float = 0.0, host_cpu: float = 0.0, gaps: bool = True) -> Point:
     """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
 
     Each worker needs ``busy`` µs of CPU a step: its computation ops, plus, with
@@ -301,7 +301,9 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     messages, :func:`ps_cpu_demand`), ``host_cpu`` the CPU per step of the host's other
     processes (the servers' messages); the servers' own ops (updates) count once, not per
     worker. Pinned workers leave the servers unpinned: the step lasts at least the busiest
-    core's ``ceil(N/C)`` workers and at least all the CPU over C cores."""
+    core's ``ceil(N/C)`` workers and at least all the CPU over C cores. ``gaps=False``: an
+    op's host gap is not CPU (MXNet: the engine thread's waits between ops, see
+    :func:`_ps_point`)."""
     n, cores = c.workers, c.host_cores
     if not cores or (n <= cores and c.comm_cpu is None and not worker_cpu and not host_cpu):
         return point(g.copy())
@@ -310,8 +312,8 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     comm_cpu = {} if c.comm_cpu is None else {
         op.id: allreduce_us(op.bytes, n, c.comm_cpu) for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"}
     computing = [op for op in g.ops.values() if op.cat != "COMM" and not op.comm_device]
-    busy = sum(op.dur + op.gap for op in computing if not _is_server(op))
-    host = host_cpu + sum(op.dur + op.gap for op in computing if _is_server(op))
+    busy = sum(op.dur + op.gap * gaps for op in computing if not _is_server(op))
+    host = host_cpu + sum(op.dur + op.gap * gaps for op in computing if _is_server(op))
     # N ranks' CPU on C cores; pinned, the busiest core runs ceil(N/C) of them
     cpu = busy + sum(comm_cpu.values()) + worker_cpu
     need = (n * cpu + host) / cores
@@ -438,7 +440,11 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
                 g.connect(e, a)
     g.schedule(lambda op: (0.0 if op.id in heads or op.cat != "COMM" else 1e12) + op.prio)
     wcpu, scpu = ps_cpu_demand([p for ps in pieces.values() for p in ps], c.workers, servers, c.ps_cpu)
-    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers), worker_cpu=wcpu, host_cpu=sum(scpu))
+    # MXNet runs the ops on its engine threads, asynchronously from the Python front end: the
+    # gap before an op there is a wait (for the front end, for a dependency, for the
+    # process's ps-lite threads, which ps_cpu counts), not computation
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers), worker_cpu=wcpu,
+                           host_cpu=sum(scpu), gaps=False)
 
 
 def ps_cpu_demand(pieces: list[_Piece], workers: int, servers: int, cost: PsCpu | None) -> tuple[float, list[float]]:
@@ -525,7 +531,8 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
         # mean step over the cores (pinned: also the busiest core's ceil(N/C) workers)
         wcpu, scpu = ps_cpu_demand([p for ps in pieces.values() for p in ps], 1, servers, c.ps_cpu)
         upd = sum(ua * msgs[s] + ub * per_server[s] for s in range(servers))
-        bound = async_cpu_bound(c.workers, c.host_cores, comp_us + wcpu, sum(scpu) + upd, c.pinned)
+        own = sum(op.dur for op in base.ops.values() if op.cat != "COMM" and not op.comm_device)  # no gaps: _ps_point
+        bound = async_cpu_bound(c.workers, c.host_cores, own + wcpu, sum(scpu) + upd, c.pinned)
         bd["cpu_bound"] = bound
         if bound > it:
             it, thr = bound, c.workers * 1e6 / bound
