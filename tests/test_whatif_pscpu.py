@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,21 @@ def test_ps_demand_leaves_out_the_engine_gaps(gaps, expected):
     p = _oversubscribed(g, Cluster(2, host_cores=2), lambda h: _simulate_point(h, 2, 1),
                         worker_cpu=30.0, host_cpu=300.0, gaps=gaps)
     assert p.iteration_us == pytest.approx(expected, rel=1e-4)
+
+
+def test_calibrate_ps_bad_python_is_one_line(tmp_path):
+    """--python that does not exist, or has no MXNet: one line, exit 2, no file written."""
+    from click.testing import CliRunner
+
+    from dpro.cli import cli
+
+    import importlib.util
+
+    out = tmp_path / "ps.json"
+    pythons = [str(tmp_path / "no-python")]
+    if importlib.util.find_spec("mxnet") is None:  # this interpreter: no MXNet
+        pythons.append(sys.executable)
+    for py in pythons:
+        r = CliRunner().invoke(cli, ["calibrate", "--backend", "ps-lite", "--python", py, "-o", str(out)])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert "Traceback" not in r.output and not out.exists()

@@ -111,9 +111,14 @@ def loopback(role: str) -> tuple[list[str], dict[str, str]]:
 
 
 def _start(python: str, role: str, env: dict[str, str], argv: list[str], place: Place) -> subprocess.Popen:
+    """One process of the job; only the worker's stderr is kept (read when it ends)."""
     prefix, extra = place(role)
-    return subprocess.Popen([*prefix, python, *argv], env={**env, **extra, "DMLC_ROLE": role},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        return subprocess.Popen([*prefix, python, *argv], env={**env, **extra, "DMLC_ROLE": role},
+                                stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE if role == "worker" else subprocess.DEVNULL)
+    except OSError as e:
+        raise RuntimeError(f"ps-lite calibration: cannot start {python}: {e.strerror}") from None
 
 
 def measure(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20,
