@@ -660,13 +660,13 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--processes", "-n", default=2, show_default=True, help="Local processes in the group.")
 @click.option("--backend", default="gloo", show_default=True,
               help="torch.distributed backend, or ps-lite (MXNet's parameter server).")
-@click.option("--repeats", default=10, show_default=True, help="Timed all-reduces (ps-lite: at least, rounds) per size.")
+@click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size (ps-lite: the least push/pull rounds per size).")
 @click.option("--python", "python", default=None, metavar="EXE",
               help="ps-lite: the Python with MXNet to run the scheduler, server and worker (default: this one).")
 @click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
 def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool,
                   python: str | None = None) -> None:
-    """Measure this machine's all-reduce cost (alpha, beta) for `dpro whatif --platform`.
+    """Measure this machine's all-reduce (or ps-lite) cost for `dpro whatif --platform`.
 
     Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
     and fits t = 2(N-1) * (alpha + beta * bytes/N) (per ring step; µs, bytes).
