@@ -544,7 +544,8 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
 @click.option("--pinned", is_flag=True,
               help="With --host-cores: each rank is bound to core rank % C, so the busiest core runs ceil(N/C) ranks.")
 @click.option("--cpu-cost", "cpu_file", type=click.Path(path_type=Path), default=None,
-              help="Platform file (dpro calibrate) whose all-reduce CPU time per rank counts as CPU demand "
+              help="Platform file (dpro calibrate) whose all-reduce CPU time per rank (or, PS, CPU time per "
+                   "message of the worker and the server: --backend ps-lite) counts as CPU demand "
                    "with --host-cores (default: --platform's, if it has one).")
 @click.option("--apply", "apply_specs", multiple=True, metavar="NAME[:k=v,..]",
               help="Apply a what-if to the job's graph and replay it (repeatable; see --list).")
@@ -596,12 +597,14 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
     if sim_steps < 1:
         raise DproInputError(None, f"--steps {sim_steps}: must be >= 1")
     plat = load_platform(platform_file) if platform_file is not None else None
-    cpu_cost = None
+    cpu_cost = ps_cpu = None
     if cpu_file is not None:
-        cpu_cost = load_platform(cpu_file).allreduce_cpu
-        if cpu_cost is None:
+        cpu_plat = load_platform(cpu_file)
+        cpu_cost, ps_cpu = cpu_plat.allreduce_cpu, cpu_plat.ps_cpu
+        if cpu_cost is None and ps_cpu is None:
             raise DproInputError(cpu_file, "--cpu-cost: the platform file has no cpu_alpha_us/cpu_beta_us_per_byte "
-                                 "(write it with this version's dpro calibrate)")
+                                 "(all-reduce) nor ps worker_cpu_*/server_cpu_* (write it with this version's "
+                                 "dpro calibrate)")
     from dpro.job import open_job
 
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align)
@@ -631,7 +634,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 
     nprof = sum(1 for nt in job.trace.nodes.values() if nt.info.role == "worker")
     pts = [Cluster(n, servers, bw, lat, algorithm, asynchronous, sim_steps, host_cores=host_cores,
-                   profiled_bandwidth=pbw, comm_cpu=cpu_cost, pinned=pinned)
+                   profiled_bandwidth=pbw, comm_cpu=cpu_cost, pinned=pinned, ps_cpu=ps_cpu)
            for n in (counts or [nprof])]
     res = predict(job, pts, plat, whatifs=calls)
     if as_json:
@@ -655,8 +658,11 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("platform.json"), show_default=True,
               help="Platform file to write (docs/whatif.md).")
 @click.option("--processes", "-n", default=2, show_default=True, help="Local processes in the group.")
-@click.option("--backend", default="gloo", show_default=True, help="torch.distributed backend.")
-@click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size.")
+@click.option("--backend", default="gloo", show_default=True,
+              help="torch.distributed backend, or ps-lite (MXNet's parameter server).")
+@click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size (ps-lite: the least push/pull rounds per size).")
+@click.option("--python", "python", default=None, metavar="EXE",
+              help="ps-lite: the Python with MXNet to run the scheduler, server and worker (default: this one).")
 @click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
 @click.option("--oracle", is_flag=True,
               help="Write the platform file of `dpro oracle --platform` instead (gloo, docs/oracle.md): per process "
@@ -673,11 +679,14 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--idle-us", default=8000.0, show_default=True,
               help="--oracle: idle time before every timed call (µs), so that a token bucket refills as during compute.")
 def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool, oracle: bool,
-                  nprocs: str, topology: str, rounds: int, idle_us: float) -> None:
-    """Measure this machine's all-reduce cost (alpha, beta) for `dpro whatif --platform`.
+                  nprocs: str, topology: str, rounds: int, idle_us: float, python: str | None = None) -> None:
+    """Measure this machine's all-reduce (or ps-lite) cost for `dpro whatif --platform`.
 
     Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
     and fits t = 2(N-1) * (alpha + beta * bytes/N) (per ring step; µs, bytes).
+    With --backend ps-lite: one MXNet worker, server and scheduler push and pull arrays
+    of 4 KiB to 16 MiB; fits the wall and the worker's and server's CPU time per message
+    (alpha + beta * bytes), the CPU cost `dpro whatif --host-cores --cpu-cost` uses.
 
     With --oracle, the costs `dpro oracle --platform` uses (docs/oracle.md "Calibration").
     """
@@ -696,6 +705,9 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
         else:
             print_calibration(d, output)
         return
+    if backend == "ps-lite":
+        _calibrate_ps(output, repeats, python, as_json)
+        return
     if processes < 2:
         raise DproInputError(None, f"--processes {processes}: at least 2")
     if repeats < 1:
@@ -711,6 +723,29 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
         a = d["allreduce"]
         click.echo(f"wrote {output}: {backend}, {processes} processes: alpha {a['alpha_us']:.1f} us, "
                    f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%})")
+
+
+def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool) -> None:
+    import sys
+
+    from dpro.jsonio import write_json
+    from dpro.whatif.calibrate_ps import calibrate_ps
+
+    if repeats < 1:
+        raise DproInputError(None, f"--repeats {repeats}: at least 1")
+    try:
+        d = calibrate_ps(python or sys.executable, repeats=repeats)
+    except (RuntimeError, OSError) as e:
+        raise DproInputError(None, str(e)) from None
+    write_json(output, d)
+    if as_json:
+        print_json(d)
+        return
+    ps = d["ps"]
+    click.echo(f"wrote {output}: ps-lite, 1 worker + 1 server: per message alpha {ps['alpha_us']:.1f} us, "
+               f"beta {ps['beta_us_per_byte'] * 1e3:.4f} us/KB; CPU worker {ps['worker_cpu_alpha_us']:.1f} us + "
+               f"{ps['worker_cpu_beta_us_per_byte'] * 1e3:.4f} us/KB, server {ps['server_cpu_alpha_us']:.1f} us + "
+               f"{ps['server_cpu_beta_us_per_byte'] * 1e3:.4f} us/KB")
 
 
 @cli.group(name="import")

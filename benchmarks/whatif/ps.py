@@ -9,6 +9,13 @@ benchmarks/fidelity/ps_jobs.py). For ``dist_async`` the comparison is the mean s
 time of a worker (workers / throughput). Loopback, or ``--cap-mbit`` (network namespaces,
 root). Other load on the machine is reported (foreign CPU %, as benchmarks/fidelity).
 
+Jobs, profiled and measured, run with ``benchmarks/jobenv.py``'s setting for MXNet (one
+compute thread per process, workers pinned to core ``index % cores``), so predictions get
+``--pinned``. First, ``dpro calibrate --backend ps-lite`` measures ps-lite's CPU per message
+on this machine (1 worker + 1 server, never the validation jobs; under ``--cap-mbit`` in
+the same capped namespaces) and every prediction gets ``--host-cores CORES --cpu-cost``
+with it (``--no-cpu-cost``: without; each row also keeps the prediction without it).
+
     .venv-mx/bin/python benchmarks/whatif/ps.py [--model mlp] [--workers 2,3,4] [--servers 1,2] [--kvstores dist_sync,dist_async]
 """
 
@@ -26,6 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))  # this checkout's dpro (the calibration)
 import jobenv  # noqa: E402  (the jobs' thread and pinning settings, shared with the other harnesses)
 
 
@@ -44,6 +52,26 @@ def _steps(timing: Path, skip: int) -> list[float]:
     return [statistics.mean(v) for v in zip(*per)]
 
 
+def calibrate(pj, o: argparse.Namespace, env: dict[str, str], path: Path) -> dict:
+    """ps-lite's CPU per message (dpro.whatif.calibrate_ps), on loopback or, capped, with the
+    server and the worker in namespaces 0 and 1 behind the same cap as the jobs."""
+    from dpro.jsonio import write_json
+    from dpro.whatif.calibrate_ps import calibrate_ps
+
+    py = str(pj.MX / "python")
+    if o.cap_mbit is None:
+        d = calibrate_ps(py, env=env)
+    else:
+        nn = _load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
+        place = _load("ps_netns", pj.PS_NETNS).placer(1)
+        with nn.NetnsCluster(2, o.cap_mbit):
+            d = calibrate_ps(py, env=env, place=lambda role: place(role, 0), root_uri=nn.BRIDGE_ADDR)
+    d["network"] = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, d)
+    return d
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
@@ -53,12 +81,20 @@ def main() -> None:
     ap.add_argument("--cap-mbit", type=float, default=None)
     ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per cluster (median over all their steps)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-ps"))
+    ap.add_argument("--no-cpu-cost", action="store_true", help="predict without ps-lite's CPU cost (no calibration)")
     o = ap.parse_args()
     pj = _load("ps_jobs", REPO / "benchmarks" / "fidelity" / "ps_jobs.py")
     fid = _load("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
     dpro = [str(pj.MX / "python"), "-m", "dpro.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     js = jobenv.default_for("mx")  # profiled and measured alike
+    plat = o.out / ("platform_ps" + ("" if o.cap_mbit is None else f"_cap{o.cap_mbit:g}") + ".json")
+    if not o.no_cpu_cost and not plat.exists():
+        t0 = time.monotonic()
+        ps = calibrate(pj, o, {**env, **js.env()}, plat)["ps"]
+        print(f"# ps-lite calibration ({time.monotonic() - t0:.0f} s): CPU per message worker "
+              f"{ps['worker_cpu_alpha_us']:.0f} us + {ps['worker_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B, server "
+              f"{ps['server_cpu_alpha_us']:.0f} us + {ps['server_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B", flush=True)
     rows = []
     for kv in o.kvstores.split(","):
         d = o.out / kv
@@ -72,8 +108,11 @@ def main() -> None:
                     "--host-cores", str(os.cpu_count())]
             if kv == "dist_async":
                 args.append("--async")
-            pred = json.loads(pj.run([*dpro, *args], env=env).stdout)
-            for pt in pred["scaling"]:
+            if js.pin:  # the workers are bound to core index % cores
+                args.append("--pinned")
+            plain = json.loads(pj.run([*dpro, *args], env=env).stdout)
+            pred = plain if o.no_cpu_cost else json.loads(pj.run([*dpro, *args, "--cpu-cost", str(plat)], env=env).stdout)
+            for pt, pt0 in zip(pred["scaling"], plain["scaling"]):
                 w = pt["workers"]
                 steps, loads, per_run = [], [], []
                 for k in range(o.runs):  # each run its own directory; a rerun only predicts again
@@ -96,7 +135,9 @@ def main() -> None:
                              "foreign_cpu_pct": statistics.mean(x["foreign_cpu_pct"] or 0 for x in loads),
                              "load_avg_1m": statistics.mean(x["load_avg_1m"] for x in loads),
                              "network": "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s",
-                             "profile_measured_us": pred["measured_iteration_us"]})
+                             "profile_measured_us": pred["measured_iteration_us"],
+                             "predicted_without_cpu_cost_us": pt0["iteration_us"], "settings": js.name,
+                             "cpu_cost": None if o.no_cpu_cost else str(plat)})
                 print(f"# {kv} {w}w{s}s: predicted {pt['iteration_us'] / 1e3:.2f} ms, measured {meas / 1e3:.2f} ms",
                       flush=True)
     print(f"{'case':26} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'noise %':>8} {'repeat %':>8} {'foreign %':>9}")

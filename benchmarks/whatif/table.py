@@ -3,7 +3,9 @@
     python benchmarks/whatif/table.py /tmp/dpro-whatif/results.json [/tmp/dpro-whatif-ps/results.json ...]
 
 One table per file; the last line of each gives the median and the largest |error| and
-how many cases are within 5 % and 10 %.
+how many cases are within 5 % and 10 %. Rows of ps.py with ``predicted_without_cpu_cost_us``
+(predictions with ps-lite's CPU cost) get a column and a summary line for the prediction
+without it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ def _case(r: dict) -> str:
     return f"{fw}{r['network']} P{r['profiled_workers']} -> N{r['workers']}"
 
 
+def _summary(e: list[float]) -> str:
+    e = sorted(e)
+    return (f"median |error| {statistics.median(e):.1f} %, max {e[-1]:.1f} %; "
+            f"{sum(x <= 5 for x in e)}/{len(e)} within 5 %, {sum(x <= 10 for x in e)}/{len(e)} within 10 %")
+
+
 def table(rows: list[dict]) -> str:
+    if all(r.get("predicted_without_cpu_cost_us") for r in rows):
+        return _table_cpu(rows)
     out = ["| case | predicted ms | measured ms | error % | noise % | repeat % | foreign % |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -34,10 +44,24 @@ def table(rows: list[dict]) -> str:
         out.append(f"| {_case(r)} | {r['predicted_us'] / 1e3:.1f} | {r['measured_us'] / 1e3:.1f} | "
                    f"{r['error_pct']:+.1f} | {r.get('noise_pct', float('nan')):.1f} | "
                    f"{'' if rep is None else f'{rep:.1f}'} | {r.get('foreign_cpu_pct') or 0:.0f} |")
-    e = sorted(abs(r["error_pct"]) for r in rows)
     out.append("")
-    out.append(f"median |error| {statistics.median(e):.1f} %, max {e[-1]:.1f} %; "
-               f"{sum(x <= 5 for x in e)}/{len(e)} within 5 %, {sum(x <= 10 for x in e)}/{len(e)} within 10 %")
+    out.append(_summary([abs(r["error_pct"]) for r in rows]))
+    return "\n".join(out)
+
+
+def _table_cpu(rows: list[dict]) -> str:
+    """ps.py's rows with and without ps-lite's CPU cost."""
+    out = ["| case | predicted ms | error % | without CPU cost ms | error % | measured ms | noise % | repeat % "
+           "| foreign % |", "|---|---|---|---|---|---|---|---|---|"]
+    without = []
+    for r in rows:
+        m, p0 = r["measured_us"], r["predicted_without_cpu_cost_us"]
+        without.append(100 * (p0 - m) / m)
+        out.append(f"| {_case(r)} | {r['predicted_us'] / 1e3:.1f} | {r['error_pct']:+.1f} | {p0 / 1e3:.1f} | "
+                   f"{without[-1]:+.1f} | {m / 1e3:.1f} | {r.get('noise_pct', float('nan')):.1f} | "
+                   f"{r.get('repeat_pct', float('nan')):.1f} | {r.get('foreign_cpu_pct') or 0:.0f} |")
+    out += ["", "with the CPU cost: " + _summary([abs(r["error_pct"]) for r in rows]),
+            "", "without it: " + _summary([abs(e) for e in without])]
     return "\n".join(out)
 
 

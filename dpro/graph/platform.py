@@ -12,7 +12,10 @@ and bytes)::
 ``allreduce`` is the per-ring-step cost of the backend's all-reduce (a ring all-reduce of
 B bytes over N ranks takes ``2(N-1) * (alpha + beta*B/N)``); an optional ``ps`` entry of
 the same shape is the cost of one parameter-server message; ``allreduce`` may also hold
-``cpu_alpha_us`` and ``cpu_beta_us_per_byte``, the CPU time per rank in the same form; the optional ``cores`` is the
+``cpu_alpha_us`` and ``cpu_beta_us_per_byte``, the CPU time per rank in the same form, and ``ps``
+``worker_cpu_alpha_us``, ``worker_cpu_beta_us_per_byte``, ``server_cpu_alpha_us``,
+``server_cpu_beta_us_per_byte``, the CPU time of one PS message on each side (``dpro calibrate
+--backend ps-lite``); the optional ``cores`` is the
 CPU cores one host's processes share. A flat ``{"alpha_us": .., "beta_us_per_byte": ..}``
 (optionally with ``cores``) is read as the all-reduce cost.
 """
@@ -38,6 +41,15 @@ class Transfer:
         return self.alpha + self.beta * nbytes
 
 
+@dataclass(frozen=True)
+class PsCpu:
+    """CPU time of one parameter-server message (a push or a pull of B bytes) in the worker
+    and in the server: ``alpha + beta * B`` µs each."""
+
+    worker: Transfer
+    server: Transfer
+
+
 @dataclass
 class Platform:
     """The measured costs of a platform."""
@@ -51,6 +63,8 @@ class Platform:
     cores: int | None = None
     #: CPU time per rank of the all-reduce, same form (``cpu_alpha_us``, ``cpu_beta_us_per_byte``)
     allreduce_cpu: Transfer | None = None
+    #: CPU time of a PS message in the worker and the server (``dpro calibrate --backend ps-lite``)
+    ps_cpu: PsCpu | None = None
 
     def transfer(self, kind: str) -> Transfer:
         t = self.allreduce if kind == "allreduce" else (self.ps or self.allreduce)
@@ -96,4 +110,14 @@ def load_platform(path: str | Path) -> Platform:
         a = d["allreduce"]
         cpu = _transfer({"alpha_us": a.get("cpu_alpha_us"), "beta_us_per_byte": a.get("cpu_beta_us_per_byte")},
                         p, "allreduce cpu")
-    return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p), cpu)
+    return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p), cpu,
+                    _ps_cpu(d.get("ps"), p))
+
+
+def _ps_cpu(d: object, path: Path) -> PsCpu | None:
+    """The ``ps`` entry's CPU costs, if it has them (both sides, or none)."""
+    if not isinstance(d, dict) or not any(k.endswith("_cpu_alpha_us") for k in d):
+        return None
+    side = {s: _transfer({"alpha_us": d.get(f"{s}_cpu_alpha_us"), "beta_us_per_byte": d.get(f"{s}_cpu_beta_us_per_byte")},
+                         path, f"ps {s} cpu") for s in ("worker", "server")}
+    return PsCpu(side["worker"], side["server"])  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ import numpy as np
 from dpro.errors import DproInputError
 from dpro.whatif.graph import Op, WhatIfGraph
 from dpro.whatif.models import Transfer, allreduce_us
-from dpro.whatif.platform import Platform
+from dpro.whatif.platform import Platform, PsCpu
 
 if TYPE_CHECKING:
     from dpro.job import Job
@@ -78,6 +78,9 @@ class Cluster:
     #: with ``host_cores``: each rank bound to core ``rank % host_cores`` (``taskset``,
     #: ``--bind-to core``), so the busiest core runs ``ceil(workers / host_cores)`` ranks
     pinned: bool = False
+    #: CPU time of a PS message in the worker and the server (``dpro calibrate --backend
+    #: ps-lite``), for ``host_cores``
+    ps_cpu: PsCpu | None = None
 
 
 @dataclass
@@ -231,6 +234,8 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if platform is not None and platform.allreduce_cpu is not None:
         cluster_points = [c if c.comm_cpu is not None else replace(c, comm_cpu=platform.allreduce_cpu)
                           for c in cluster_points]
+    if platform is not None and platform.ps_cpu is not None:
+        cluster_points = [c if c.ps_cpu is not None else replace(c, ps_cpu=platform.ps_cpu) for c in cluster_points]
     measured = job.replay().measured_iteration_us
     res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
     kvstore = str((job.trace.manifest.meta or {}).get("kvstore") or "")
@@ -271,7 +276,12 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
 
 
 # -- all-reduce -------------------------------------------------------------------------------
-def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point]) -> Point:
+def _is_server(op: Op) -> bool:
+    return op.node.startswith("server")
+
+
+def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point], *,
+                    worker_cpu: float = 0.0, host_cpu: float = 0.0, gaps: bool = True) -> Point:
     """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
 
     Each worker needs ``busy`` µs of CPU a step: its computation ops, plus, with
@@ -285,18 +295,30 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     CPU-bound job slows by N/C; one whose workers wait on the network lends those waits to
     the others (workers not in lockstep). Without ``comm_cpu`` nothing changes up to C
     workers; with it, C workers whose collectives overlap their computation may already
-    contend."""
+    contend.
+
+    Parameter server: ``worker_cpu`` is a worker's CPU per step beyond its ops (ps-lite's
+    messages, :func:`ps_cpu_demand`), ``host_cpu`` the CPU per step of the host's other
+    processes (the servers' messages); the servers' own ops (updates) count once, not per
+    worker. Pinned workers leave the servers unpinned: the step lasts at least the busiest
+    core's ``ceil(N/C)`` workers and at least all the CPU over C cores. ``gaps=False``: an
+    op's host gap is not CPU (MXNet: the engine thread's waits between ops, see
+    :func:`_ps_point`)."""
     n, cores = c.workers, c.host_cores
-    if not cores or (n <= cores and c.comm_cpu is None):
+    if not cores or (n <= cores and c.comm_cpu is None and not worker_cpu and not host_cpu):
         return point(g.copy())
     from dpro.whatif.builtin import compute_speed
 
     comm_cpu = {} if c.comm_cpu is None else {
         op.id: allreduce_us(op.bytes, n, c.comm_cpu) for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"}
-    busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
+    computing = [op for op in g.ops.values() if op.cat != "COMM" and not op.comm_device]
+    busy = sum(op.dur + op.gap * gaps for op in computing if not _is_server(op))
+    host = host_cpu + sum(op.dur + op.gap * gaps for op in computing if _is_server(op))
     # N ranks' CPU on C cores; pinned, the busiest core runs ceil(N/C) of them
-    cpu = busy + sum(comm_cpu.values())
-    need = math.ceil(n / cores) * cpu if c.pinned else n * cpu / cores
+    cpu = busy + sum(comm_cpu.values()) + worker_cpu
+    need = (n * cpu + host) / cores
+    if c.pinned:
+        need = max(need, math.ceil(n / cores) * cpu)
 
     def at(f: float) -> Point:
         h = g.copy()
@@ -417,7 +439,28 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
             for a in after:
                 g.connect(e, a)
     g.schedule(lambda op: (0.0 if op.id in heads or op.cat != "COMM" else 1e12) + op.prio)
-    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers))
+    wcpu, scpu = ps_cpu_demand([p for ps in pieces.values() for p in ps], c.workers, servers, c.ps_cpu)
+    # MXNet runs the ops on its engine threads, asynchronously from the Python front end: the
+    # gap before an op there is a wait (for the front end, for a dependency, for the
+    # process's ps-lite threads, which ps_cpu counts), not computation
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers), worker_cpu=wcpu,
+                           host_cpu=sum(scpu), gaps=False)
+
+
+def ps_cpu_demand(pieces: list[_Piece], workers: int, servers: int, cost: PsCpu | None) -> tuple[float, list[float]]:
+    """ps-lite's CPU per step (µs): each worker's, and each server's, for ``workers`` workers.
+
+    A worker pushes every piece to its server and pulls it back: two messages of the
+    piece's bytes, ``2 * (worker.alpha + worker.beta * bytes)`` of its CPU; the server
+    receives and sends the same for each of the workers: ``workers * 2 * (server.alpha +
+    server.beta * bytes)`` (synchronous and asynchronous alike: per worker step)."""
+    if cost is None:
+        return 0.0, [0.0] * servers
+    w = sum(2 * cost.worker.us(p.bytes) for p in pieces)
+    s = [0.0] * servers
+    for p in pieces:
+        s[p.server] += workers * 2 * cost.server.us(p.bytes)
+    return w, s
 
 
 def _message(g: WhatIfGraph, before, name: str, device: str, node: str, nbytes: int, cost: Transfer,
@@ -448,7 +491,10 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     exposed communication ``T1 - C``; each server's bytes are scaled so that one worker in
     the simulation takes exactly ``T1``, and the simulation adds what the other workers'
     traffic through the same server ports costs and, with ``c.host_cores``, the workers
-    computing at the same time sharing those cores."""
+    computing at the same time sharing those cores. The scaling hides the overlap of one
+    worker's pushes with its backward pass, but also shrinks the bytes the server ports
+    carry: the mean step is at least :func:`async_port_bound` (every worker step's real
+    bytes through the busiest port), and, with ps-lite's CPU cost, :func:`async_cpu_bound`."""
     from dpro.optimizer.ps.costs import fit_update
 
     servers = c.servers or _profiled_servers(job)
@@ -474,7 +520,41 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
                          Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
-    return Point(c.workers, servers, it, thr, {"compute": comp_us, "exposed_COMM_alone": exposed})
+    bd = {"compute": comp_us, "exposed_COMM_alone": exposed}
+    port = async_port_bound(c.workers, per_server, msgs, t)
+    bd["port_bound"] = port
+    if port > it:
+        it, thr = port, c.workers * 1e6 / port
+    if c.host_cores and c.ps_cpu is not None:
+        # the host's CPU per worker step: its computation and messages, the servers' side of
+        # them and an update per push (asynchronous: every push is applied); a bound on the
+        # mean step over the cores (pinned: also the busiest core's ceil(N/C) workers)
+        wcpu, scpu = ps_cpu_demand([p for ps in pieces.values() for p in ps], 1, servers, c.ps_cpu)
+        upd = sum(ua * msgs[s] + ub * per_server[s] for s in range(servers))
+        own = sum(op.dur for op in base.ops.values() if op.cat != "COMM" and not op.comm_device)  # no gaps: _ps_point
+        bound = async_cpu_bound(c.workers, c.host_cores, own + wcpu, sum(scpu) + upd, c.pinned)
+        bd["cpu_bound"] = bound
+        if bound > it:
+            it, thr = bound, c.workers * 1e6 / bound
+    return Point(c.workers, servers, it, thr, bd)
+
+
+def async_port_bound(workers: int, server_bytes: list[float], server_msgs: list[int], t: Transfer) -> float:
+    """The least mean step of a worker (µs) that the servers' ports allow in asynchronous
+    SGD: a worker step pushes ``server_bytes[s]`` in ``server_msgs[s]`` messages into
+    server ``s`` (and pulls as many out, through the port's other direction); ``workers``
+    such steps at a time through the busiest port take ``workers * (alpha * msgs + beta *
+    bytes)``."""
+    return workers * max((t.alpha * m + t.beta * b for b, m in zip(server_bytes, server_msgs)), default=0.0)
+
+
+def async_cpu_bound(workers: int, cores: int, worker_us: float, other_us: float, pinned: bool = False) -> float:
+    """The least mean step of a worker (µs) that the host's CPU allows in asynchronous SGD:
+    each worker step needs ``worker_us`` of its own process's CPU and ``other_us`` of the
+    servers', ``workers`` such steps at a time on ``cores`` cores; pinned workers (core
+    ``rank % cores``, the servers free) also wait for the busiest core's ``ceil(N/C)``."""
+    bound = workers * (worker_us + other_us) / cores
+    return max(bound, math.ceil(workers / cores) * worker_us) if pinned else bound
 
 
 def _step_factors(job: Job) -> list[float]:

@@ -1,0 +1,190 @@
+"""``dpro calibrate --backend ps-lite``: the CPU cost of MXNet's parameter server (ps-lite).
+
+A real ``dist_sync`` kvstore on this machine: a scheduler, one server and one worker (each
+its own process, started with the given MXNet Python; MXNet is imported only in those
+processes, never by dpro itself). For each size from 4 KiB to 16 MiB the worker pushes a
+float32 array to the server and pulls it back, a few warm-up rounds, then enough timed
+rounds to move about 256 MiB (at least ``repeats``), and records per round:
+
+* the wall time (the link cost of the loopback connection, alpha/beta of one message);
+* the worker's CPU time (its process, all threads, user + system: MXNet's front end and
+  engine, ps-lite's and ZMQ's copies, the kernel's socket work done in its context);
+* the server's CPU time (the sum over its threads, ``/proc/PID/task/*/schedstat``):
+  receiving, merging (a copy with one worker) and storing the pushed array, sending it back.
+
+One round is two messages (a push and a pull) of ``B`` bytes each way; ``cpu = 2 * (alpha
++ beta * B)`` is fitted by least absolute deviations with alpha, beta >= 0, for the worker
+and the server apart (``worker_cpu_*``, ``server_cpu_*``): the CPU a push or a pull of
+``B`` bytes takes from the cores the job shares (``dpro whatif --host-cores``). The
+server's optimizer update is not in it: the what-if has it from the profile's UPDATE ops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from dpro.graph.comm_model import lad_link_cost
+from dpro.whatif.platform import FORMAT
+
+DEFAULT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+#: bytes each size's timed rounds move (at least ``repeats`` rounds, at most 400)
+TARGET_BYTES = 256 << 20
+ENV_SERVER_PID = "DPRO_CALIBRATE_SERVER_PID"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _self_cpu_us() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime + r.ru_stime) * 1e6
+
+
+def proc_cpu_us(pid: int) -> float:
+    """CPU time so far of process ``pid``'s live threads (``schedstat``: ns, not ticks), µs."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((t / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total / 1e3
+
+
+def rounds_for(nbytes: int, repeats: int, target: int = TARGET_BYTES) -> int:
+    """Timed rounds of a size: about ``target`` bytes, at least ``repeats``, at most 400."""
+    return max(repeats, min(400, target // max(1, nbytes)))
+
+
+def _worker_main(out: str, sizes: list[int], repeats: int, target: int = TARGET_BYTES) -> None:
+    """Runs in the worker process (DMLC_ROLE=worker): push/pull each size, write the rows."""
+    import mxnet as mx
+
+    server = int(os.environ[ENV_SERVER_PID])
+    kv = mx.kv.create("dist_sync")
+    rows = []
+    for key, nbytes in enumerate(sizes):
+        n = max(1, nbytes // 4)
+        a, b = mx.nd.ones(n), mx.nd.zeros(n)
+        kv.init(key, a)
+        for _ in range(3):
+            kv.push(key, a)
+            kv.pull(key, out=b)
+            b.wait_to_read()
+        k = rounds_for(nbytes, repeats, target)
+        w0, s0, t0 = _self_cpu_us(), proc_cpu_us(server), time.perf_counter()
+        walls = []
+        for _ in range(k):
+            t = time.perf_counter()
+            kv.push(key, a)
+            kv.pull(key, out=b)
+            b.wait_to_read()
+            walls.append((time.perf_counter() - t) * 1e6)
+        wall = (time.perf_counter() - t0) * 1e6
+        rows.append({"bytes": n * 4, "rounds": k, "us": statistics.median(walls), "mean_us": wall / k,
+                     "worker_cpu_us": (_self_cpu_us() - w0) / k, "server_cpu_us": (proc_cpu_us(server) - s0) / k})
+    Path(out).write_text(json.dumps(rows))
+
+
+#: where a process runs: role -> (command prefix, extra environment), e.g. a network namespace
+#: (``ip netns exec NS``, which keeps the process id: the worker reads the server's CPU by it)
+Place = Callable[[str], tuple[list[str], dict[str, str]]]
+
+
+def loopback(role: str) -> tuple[list[str], dict[str, str]]:
+    return [], {"DMLC_NODE_HOST": "127.0.0.1"}
+
+
+def _start(python: str, role: str, env: dict[str, str], argv: list[str], place: Place) -> subprocess.Popen:
+    """One process of the job; only the worker's stderr is kept (read when it ends)."""
+    prefix, extra = place(role)
+    try:
+        return subprocess.Popen([*prefix, python, *argv], env={**env, **extra, "DMLC_ROLE": role},
+                                stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE if role == "worker" else subprocess.DEVNULL)
+    except OSError as e:
+        raise RuntimeError(f"ps-lite calibration: cannot start {python}: {e.strerror}") from None
+
+
+def measure(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20,
+            timeout: float = 300.0, target: int = TARGET_BYTES, *, place: Place = loopback,
+            root_uri: str = "127.0.0.1", env: dict[str, str] | None = None) -> list[dict]:
+    """Run the scheduler, server and worker with ``python`` (which must have MXNet), return the
+    rows (``target``: bytes each size's rounds move, :func:`rounds_for`; ``place``/``root_uri``:
+    where the processes run and the scheduler's address, loopback by default; ``env``: the
+    processes' environment, default this one's)."""
+    sizes = sizes or DEFAULT_SIZES
+    env = {**(os.environ if env is None else env), "DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(_free_port()),
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "PS_VERBOSE": "0"}
+    node = ["-c", "import mxnet"]  # MXNet runs its server / scheduler loop on import, by DMLC_ROLE
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="dpro-calibrate-ps-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        try:
+            procs.append(_start(python, "scheduler", env, node, place))
+            server = _start(python, "server", env, node, place)
+            procs.append(server)
+            worker = _start(python, "worker", {**env, ENV_SERVER_PID: str(server.pid)},
+                            ["-c", "import sys; from dpro.whatif.calibrate_ps import _worker_main; "
+                                   "_worker_main(sys.argv[1], [int(x) for x in sys.argv[2].split(',')], "
+                                   "int(sys.argv[3]), int(sys.argv[4]))", out, ",".join(map(str, sizes)), str(repeats),
+                             str(target)], place)
+            procs.append(worker)
+            try:
+                _, err = worker.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"ps-lite calibration: the worker did not finish in {timeout:.0f} s") from None
+            if worker.returncode or not os.path.exists(out):
+                last = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+                raise RuntimeError(f"ps-lite calibration: the worker failed (exit {worker.returncode}): {last[0]}")
+            for p in procs[:2]:  # they end once the worker has left
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
+            return json.loads(Path(out).read_text())
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def fit(rows: list[dict]) -> dict:
+    """The platform file's ``ps`` entry from the rows: per message (a push or a pull of
+    ``bytes``), wall and CPU of each side, ``t = alpha + beta * bytes``."""
+    A = np.array([[2.0, 2.0 * r["bytes"]] for r in rows])
+    out: dict[str, object] = {}
+    wall = lad_link_cost(A, np.array([r["us"] for r in rows], dtype=float))
+    out.update(alpha_us=wall.alpha, beta_us_per_byte=wall.beta, fit_error=wall.fit_error)
+    for side in ("worker", "server"):
+        c = lad_link_cost(A, np.array([r[f"{side}_cpu_us"] for r in rows], dtype=float))
+        out.update({f"{side}_cpu_alpha_us": c.alpha, f"{side}_cpu_beta_us_per_byte": c.beta,
+                    f"{side}_cpu_fit_error": c.fit_error})
+    out["model"] = ("per message (a push or a pull of B bytes, loopback): t = alpha + beta * B; "
+                    "CPU of the worker and of the server alike")
+    return out
+
+
+def calibrate_ps(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20,
+                 **where: object) -> dict:
+    """Measure and fit; the platform file's content (:mod:`dpro.graph.platform`); ``where``:
+    :func:`measure`'s ``place``, ``root_uri`` and ``env``."""
+    rows = measure(python, sizes, repeats, **where)  # type: ignore[arg-type]
+    return {"format": FORMAT, "version": 1, "backend": "ps-lite", "processes": 3, "host": socket.gethostname(),
+            "ps": fit(rows), "samples": rows}
