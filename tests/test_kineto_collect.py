@@ -168,3 +168,35 @@ def test_the_compiled_depth_check_answers_as_jsonio_too_deep():
         deep += too_deep(batch)
         assert check(batch) == too_deep(batch)
     assert 20 < deep < 280
+
+
+def test_a_replay_without_the_compiled_loops_gives_the_same_result(tmp_path):
+    """The modules made unimportable (as where the build failed): the Python loops run,
+    ``dpro replay --json`` prints the same result as with them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp_gloo_2rank_mlp"
+    run = ("import sys\n"
+           "if sys.argv[1] == 'off':\n"
+           "    sys.modules['dpro.importers.kineto._collect'] = sys.modules['dpro.importers.kineto._segments'] = None\n"
+           "from dpro.cli import main\n"
+           "sys.argv = ['dpro', 'replay', sys.argv[2], '--json', '--no-cache']\n"
+           "main()\n")
+    env = dict(os.environ, DPRO_CACHE_DIR=str(tmp_path / "cache"))
+    out = {}
+    for mode in ("on", "off"):
+        r = subprocess.run([sys.executable, "-c", run, mode, str(src)], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        out[mode] = _no_time(json.loads(r.stdout))
+    assert out["on"] == out["off"]
+
+
+def _no_time(x: object) -> object:
+    """A result without the solver's wall time (``time_s``), which varies from run to run."""
+    if isinstance(x, dict):
+        return {k: _no_time(v) for k, v in x.items() if k != "time_s"}
+    return [_no_time(v) for v in x] if isinstance(x, list) else x
