@@ -55,6 +55,7 @@ demo: setup
 
 test: setup horovod mxnet tf pslite browser
 	@$(BIN)/python -c 'import dpro.replayer._core' || { echo "the compiled replay core did not build (see pip's output)"; exit 1; }
+	@$(BIN)/python -c 'import dpro.importers.kineto._collect, dpro.importers.kineto._segments' || { echo "the compiled Kineto import loops did not build (see pip's output)"; exit 1; }
 	$(BIN)/ruff check -q dpro tests benchmarks examples
 	$(BIN)/python scripts/check_layers.py
 	$(BIN)/python -m pytest -q

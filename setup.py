@@ -12,4 +12,12 @@ from setuptools import Extension, setup
 # bit-identical to the Python reference: no fused multiply-add, no fast-math reassociation
 ARGS = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off", "-fno-fast-math"]
 
-setup(ext_modules=[Extension("dpro.replayer._core", ["dpro/replayer/_core.c"], extra_compile_args=ARGS, optional=True)])
+setup(ext_modules=[
+    Extension("dpro.replayer._core", ["dpro/replayer/_core.c"], extra_compile_args=ARGS, optional=True),
+    # the Kineto reader's per-event loop (dpro/importers/kineto/read.py falls back to Python without it)
+    Extension("dpro.importers.kineto._collect", ["dpro/importers/kineto/_collect.c"], extra_compile_args=ARGS,
+              optional=True),
+    # one thread's CPU segments (dpro/importers/kineto/segments.py falls back to Python without it)
+    Extension("dpro.importers.kineto._segments", ["dpro/importers/kineto/_segments.c"], extra_compile_args=ARGS,
+              optional=True),
+])

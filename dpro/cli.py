@@ -156,6 +156,10 @@ def replay(
     from dpro.replayer.engine import engine_line
 
     click.echo(f"  {engine_line()}")
+    from dpro.importers.kineto.read import reader_line
+
+    if job.trace.manifest.meta.get("importer") == "kineto" and (line := reader_line()) is not None:
+        click.echo(f"  {line}")  # the compiled reader loop is missing: the import ran in Python
 
 
 @cli.command()

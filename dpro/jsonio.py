@@ -427,7 +427,8 @@ def _loads(data: bytes | bytearray) -> Any:
         raise _NotFast from None
 
 
-def read_array_stream(path: Path, key: str, sink: Callable[[list], None], reset: Callable[[], None]) -> tuple[Any, bool]:
+def read_array_stream(path: Path, key: str, sink: Callable[[list], None], reset: Callable[[], None],
+                      depth_check: Callable[[list], bool] | None = None) -> tuple[Any, bool]:
     """Stream the items of the array ``key`` of a JSON file's top-level object (or of a
     top-level array) to ``sink``, in batches (lists ``sink`` must not keep), never holding
     the whole file parsed.
@@ -438,7 +439,8 @@ def read_array_stream(path: Path, key: str, sink: Callable[[list], None], reset:
     as they stream, nesting depth, one-line errors naming ``path``. The fast path parses
     slices of about :data:`BATCH_BYTES` with orjson; a layout it does not read (or invalid
     JSON) is read again with ijson's C parser (yajl), value by value, after ``reset()``
-    (forget what ``sink`` got).
+    (forget what ``sink`` got). ``depth_check(batch)``: :func:`too_deep`'s answer for a
+    batch that orjson parsed, computed another way (the Kineto reader's compiled one).
     """
     reader = _Reader(path)
     try:
@@ -451,7 +453,7 @@ def read_array_stream(path: Path, key: str, sink: Callable[[list], None], reset:
         if b"\x00" in first[:64]:
             raise DproInputError(path, "binary data (NUL bytes), not JSON")
         try:
-            return _fast_array(path, reader, first, key, sink)
+            return _fast_array(path, reader, first, key, sink, depth_check)
         except _NotFast:
             pass
     finally:
@@ -464,13 +466,14 @@ def read_array_stream(path: Path, key: str, sink: Callable[[list], None], reset:
         reader.close()
 
 
-def _checked(path: Path, obj: Any) -> Any:
-    if too_deep(obj):
+def _checked(path: Path, obj: Any, depth_check: Callable[[list], bool] | None = None) -> Any:
+    if depth_check(obj) if depth_check is not None and type(obj) is list else too_deep(obj):
         raise DproInputError(path, f"lists/objects nested more than {MAX_DEPTH} deep")
     return obj
 
 
-def _fast_array(path: Path, reader: _Reader, buf: bytearray, key: str, sink: Callable[[list], None]) -> tuple[Any, bool]:
+def _fast_array(path: Path, reader: _Reader, buf: bytearray, key: str, sink: Callable[[list], None],
+                depth_check: Callable[[list], bool] | None = None) -> tuple[Any, bool]:
     """Slices between ``},{`` boundaries, each parsed by orjson; _NotFast when the file is not
     an object with ``key`` holding an array of objects (or an array of objects)."""
     eof = False
@@ -527,7 +530,7 @@ def _fast_array(path: Path, reader: _Reader, buf: bytearray, key: str, sink: Cal
                         raise _NotFast from None
         else:
             raise _NotFast
-        sink(_checked(path, items))
+        sink(_checked(path, items, depth_check))
         del items
         pos = m.end() - 1
         if pos > 4 * _CHUNK:
@@ -536,7 +539,7 @@ def _fast_array(path: Path, reader: _Reader, buf: bytearray, key: str, sink: Cal
     rest = bytes(buf[pos:])
     del buf[:]
     if top is None:  # a top-level array: the rest is its last items and "]"
-        sink(_checked(path, _loads(b"[" + rest)))
+        sink(_checked(path, _loads(b"[" + rest), depth_check))
         return [], True
     k = len(rest)
     for _ in range(_MAX_TRIES):
@@ -550,7 +553,7 @@ def _fast_array(path: Path, reader: _Reader, buf: bytearray, key: str, sink: Cal
             continue
         if not isinstance(tail, dict) or tail.get(key) != 0:
             break
-        sink(_checked(path, items))
+        sink(_checked(path, items, depth_check))
         top.update(tail)
         del top[key]
         return _checked(path, top), True

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from array import array
+from collections.abc import Callable
+from functools import partial
 from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +16,7 @@ import orjson
 
 from dpro.contracts.recording import META_SUFFIX
 from dpro.errors import DproInputError, brief, one_line
-from dpro.jsonio import current_read_options, read_array_stream, regular_file_problem
+from dpro.jsonio import MAX_DEPTH, current_read_options, read_array_stream, regular_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +188,18 @@ class _Collector:
         return self._strings.setdefault(s, s)
 
     def add(self, batch: list) -> None:
-        """Check and keep ``batch`` (raw events), whose first is ``traceEvents[self.index]``."""
+        """Check and keep ``batch`` (raw events), whose first is ``traceEvents[self.index]``:
+        the compiled loop (``_collect.c``) when it was built, else :meth:`add_python`."""
+        fast = _compiled()
+        if isinstance(fast, str):
+            self.add_python(batch)
+        else:
+            fast.add(self, batch, KEvent, _new_frames, _args_plan, orjson.dumps, LEGACY_CATS, OP_CATS, PY_NAMES_READ,
+                     KEPT_ARGS, self.add_python, _kevent_slots())
+
+    def add_python(self, batch: list) -> None:
+        """The reference of :meth:`add` (and its fallback): the compiled loop keeps what this
+        keeps, and hands it any event not of the common shape (one at a time)."""
         shared, out, num, ids = self._strings.setdefault, self.events, _NUM_TYPES, _ID_TYPES
         same_args, plans = self._args, self._plans
         python, kept, py_read = self.python, KEPT_ARGS, PY_NAMES_READ
@@ -262,6 +276,52 @@ class _Collector:
                 raise DproInputError(path, f"{what}: '{k}' is neither a number nor a string")
 
 
+@functools.cache
+def _kevent_slots() -> tuple:
+    """KEvent's slot descriptors in field order: the compiled loop sets them as __init__ does."""
+    import dataclasses
+
+    names = tuple(f.name for f in dataclasses.fields(KEvent))
+    if names != ("name", "cat", "ts", "dur", "tid", "args"):
+        raise RuntimeError("read.KEvent changed: update _collect.c (keep_event)")
+    return tuple(KEvent.__dict__[n] for n in names)
+
+
+def _depth_check() -> Callable[[object], bool] | None:
+    """The compiled nesting check for orjson-parsed batches (jsonio.too_deep's result on
+    them, without encoding them again), or None (jsonio's own)."""
+    fast = _compiled()
+    return None if isinstance(fast, str) else partial(_nests, fast.too_deep)
+
+
+def _nests(too_deep: Callable[[object, int], bool], obj: object) -> bool:
+    return too_deep(obj, MAX_DEPTH)
+
+
+def _new_frames(first: int) -> PyFrames:
+    return PyFrames(array("d"), array("d"), first)
+
+
+@functools.cache
+def _compiled():
+    """The compiled reader loop (``dpro.importers.kineto._collect``), or why it cannot be
+    loaded (a string): built by setup.py with the replay core; optional."""
+    try:
+        import dpro.importers.kineto._collect as _collect
+    except ImportError as e:
+        return f"not built ({e})"
+    return _collect
+
+
+def reader_line() -> str | None:
+    """One line saying the Kineto reader runs its Python loop because the compiled one is
+    missing; None when the compiled loop runs."""
+    why = _compiled()
+    if isinstance(why, str):
+        return f"kineto reader: python (the compiled loop is {why}; reinstall dpro with a C compiler for a faster import)"
+    return None
+
+
 def compact_events(events: list) -> list[KEvent]:
     """The KEvents of raw events (a list of Chrome-trace event dicts), as the reader keeps them."""
     c = _Collector(Path("events"))
@@ -273,7 +333,7 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
     """Load one file, streaming its events; rank from ``distributedInfo``, else the
     file-name pattern, else ``index``."""
     c = _Collector(path)
-    d, found = read_array_stream(path, "traceEvents", c.add, c.reset)
+    d, found = read_array_stream(path, "traceEvents", c.add, c.reset, depth_check=_depth_check())
     if isinstance(d, list):
         d = {}
     if not isinstance(d, dict) or not found:

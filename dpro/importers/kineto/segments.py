@@ -11,6 +11,7 @@ dependency pass can join it to what it launched or waited for.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 from collections.abc import Mapping
@@ -279,7 +280,7 @@ def find_steps(rf: RankFile, notes: list[str] | None = None) -> dict[int, tuple[
         last = max(steps, key=lambda n: steps[n][0])
         t0, t1 = steps[last]
         tid = marks[0].tid
-        if not any(e.tid == tid and e.cat in CPU_CATS and not _STEP_RE.match(e.name) and t0 <= e.ts < t1
+        if not any(t0 <= e.ts < t1 and e.tid == tid and e.cat in CPU_CATS and not _STEP_RE.match(e.name)
                    for e in rf.events):
             del steps[last]
             if notes is not None:
@@ -342,11 +343,18 @@ def _frames_needed(evs: list[_Ev], py: PyFrames) -> np.ndarray:
 
 def _build_trees(evs: list[KEvent], py: PyFrames | None = None) -> list[_Ev]:
     """Nest one thread's events by time; returns the roots. ``py``: the thread's python
-    frames, of which only those are put in the tree that change it (:func:`_frames_needed`)."""
-    items = [_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or _NO_ARGS) for e in evs]
+    frames, of which only those are put in the tree that change it (:func:`_frames_needed`).
+    The compiled loop (``_segments.c``) makes the items and nests them when it was built."""
+    fast = _compiled()
+    if isinstance(fast, str):
+        items = [_Ev(e.name, e.cat or "", e.ts, e.ts + e.dur, e.args or _NO_ARGS) for e in evs]
+    else:
+        items = fast.make_evs(evs, _Ev, _spec(_Ev), _NO_ARGS)
     if py is not None and len(py):
         items += [_Ev("python_function", "python_function", py.ts[i], py.ts[i] + py.dur[i], _NO_ARGS)
                   for i in _frames_needed(items, py).tolist()]
+    if not isinstance(fast, str):
+        return fast.nest(items)
     items.sort(key=lambda x: (x.ts, -x.end))
     roots: list[_Ev] = []
     stack: list[_Ev] = []
@@ -505,11 +513,58 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
     return segs
 
 
+def _gloo_seg(x: _Ev, tid: object) -> Seg:
+    """A gloo execution recorded as an annotation on a communication thread."""
+    return Seg("comm", x.name, x.ts, x.end, "COMM", coll=_coll_name(x.name), nbytes=_comm_bytes(x.args),
+               numel=_comm_numel(x.args), thread=tid)
+
+
+#: the fields the compiled loop sets by position (``_segments.c``: F_* for Seg, make_evs for _Ev)
+_C_FIELDS = {
+    "Seg": ("dev", "name", "ts", "end", "cat", "step", "launches", "issue", "sync", "corr", "coll", "nbytes", "group",
+            "coll_from_args", "pg", "numel", "layer", "bucket", "seqs", "comm_info", "p2p", "thread"),
+    "_Ev": ("name", "cat", "ts", "end", "args", "children"),
+}
+
+
+@functools.cache
+def _spec(cls: type) -> tuple:
+    """Per field of the slotted dataclass ``cls`` (:class:`Seg`, :class:`_Ev`), in order:
+    (its slot descriptor, default, default factory or None): how the compiled loop makes
+    one as ``cls(...)`` does, without running its __init__ (most of the cost of a Seg)."""
+    import dataclasses
+
+    fs = dataclasses.fields(cls)
+    if tuple(f.name for f in fs) != _C_FIELDS[cls.__name__]:
+        raise RuntimeError(f"segments.{cls.__name__} changed: update _segments.c and segments._C_FIELDS")
+    return tuple((cls.__dict__[f.name], None if f.default is dataclasses.MISSING else f.default,
+                  None if f.default_factory is dataclasses.MISSING else f.default_factory) for f in fs)
+
+
+def _context_name(name: str) -> str:
+    return _context_cat([name])
+
+
+@functools.cache
+def _compiled():
+    """The compiled thread visit (``dpro.importers.kineto._segments``), or why it cannot be
+    loaded (a string): built by setup.py with the replay core; optional."""
+    try:
+        import dpro.importers.kineto._segments as _segments
+    except ImportError as e:
+        return f"not built ({e})"
+    return _segments
+
+
 def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
     """Segments of every CPU thread, and the collectives run by communication threads.
 
-    Returns (cpu segments, gloo-style collective segments in start order).
+    Returns (cpu segments, gloo-style collective segments in start order). Each thread's
+    tree is visited by the compiled loop (``_segments.c``: the ops that issue no
+    collective cut there, the others by :func:`_cut`) when it was built, else in Python;
+    the two give the same segments (tests/test_kineto_segments_c.py).
     """
+    fast = _compiled()
     by_tid = cpu_threads(rf)
 
     def start(t: object) -> float:
@@ -528,10 +583,7 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
             the outermost that gives one), ``layer``: the innermost layer annotation's."""
             if x.cat == "user_annotation" or _STEP_RE.match(x.name):
                 if x.name.startswith("gloo:"):
-                    comm.append(
-                        Seg("comm", x.name, x.ts, x.end, "COMM", coll=_coll_name(x.name), nbytes=_comm_bytes(x.args),
-                            numel=_comm_numel(x.args), thread=tid)
-                    )
+                    comm.append(_gloo_seg(x, tid))
                     return
                 inner = ctx or _context_cat([x.name])
                 if x.name.startswith(LAYER_PREFIX):
@@ -549,6 +601,11 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
                 (comm if sg.dev == "comm" else segs).append(sg)
 
         dev = thread_names.setdefault(tid, "cpu:main" if tid == main_tid else f"cpu:t{len(thread_names)}")
+        if not isinstance(fast, str):
+            fast.visit_thread(roots, tid, dev, segs, comm, Seg, _spec(Seg), _cut, _gloo_seg, _context_name, _STEP_RE.match,
+                              LAYER_PREFIX, SYNC_CALLS)
+            visit = None  # type: ignore[assignment]
+            continue
         for r in roots:
             visit(r, "", None, dev)
         visit = None  # type: ignore[assignment]  # a reference cycle (see _cut)

@@ -19,6 +19,8 @@ LAYER_SHAPES = "layer_shapes"
 def layer_shapes(rf: RankFile) -> dict[str, dict]:
     """``{layer: {"op", "dims", "types", "concrete"}}`` of the first operator with recorded
     shapes in each layer's first call (empty without layer annotations or shapes)."""
+    if not any(e.cat == "user_annotation" and e.name.startswith(LAYER_PREFIX) for e in rf.events):
+        return {}  # no layer annotation: no layer (the walk below would find none)
     by_tid: dict[object, list[KEvent]] = {}
     for e in rf.events:
         if e.cat in ("cpu_op", "user_annotation"):
