@@ -136,6 +136,9 @@ class TFBackend:
         self.logdir: str | None = None
         self.steps: list[int] = []
         self.active = False
+        #: the graphs TF collected up to the window's end, and (rank, world, library) then (:meth:`stop`)
+        self._run_metadata: Any = None
+        self._who: tuple[int, int, str | None] | None = None
         self.timeline = WindowTimeline("horovod.tensorflow")
         self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
@@ -187,8 +190,9 @@ class TFBackend:
             self.logdir = None
 
     def _graphs(self) -> tuple[list[list[dict]], list[str]]:
-        """Executed partition graphs of every function instantiated so far; Horovod op creation order."""
-        md = self.ctx.export_run_metadata()
+        """Executed partition graphs of every function instantiated up to the window's end
+        (exported by :meth:`stop`); Horovod op creation order."""
+        md, self._run_metadata = self._run_metadata, None
         graphs: list[list[dict]] = []
         hvd_order: list[str] = []
         if md is None:
@@ -203,13 +207,29 @@ class TFBackend:
             graphs.append(_graph_json(pg))
         return graphs, hvd_order
 
+    def stop(self) -> None:
+        """End the window: stop the profiler (it writes its XSpace to a temporary directory),
+        take the graphs TF collected and stop collecting; the conversion waits for :meth:`write`."""
+        try:
+            self._stop()
+        finally:
+            self._who = rank_world()  # while Horovod is still up
+            try:
+                self._run_metadata = self.ctx.export_run_metadata()
+            finally:
+                self.ctx.disable_graph_collection()
+
     def stop_and_write(self) -> None:
         """Stop the profiler, convert its XSpace and write this rank's raw files (ops, graph, meta)."""
+        self.stop()
+        self.write()
+
+    def write(self) -> None:
+        """Convert the stopped window's XSpace and write this rank's raw files (ops, graph, meta)."""
         from dpro.importers.xplane import read_xspace
 
-        self._stop()
         try:
-            rank, world, library = rank_world()
+            rank, world, library = self._who or rank_world()
             out = self.config.out_dir
             out.mkdir(parents=True, exist_ok=True)
             assert self.logdir is not None
