@@ -138,6 +138,8 @@ class TFBackend:
         self.model = model
         self.ctx = context.context()
         self.ctx.enable_graph_collection()
+        #: whether TF's graph collection is on (from here to the window's start, or its end)
+        self.collecting = True
         self.logdir: str | None = None
         self.steps: list[int] = []
         self.active = False
@@ -177,7 +179,7 @@ class TFBackend:
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
         if os.environ.get(ENV_TF_COLLECT_IN_WINDOW, "") not in ("1", "true", "yes") and self._take_graphs():
             # the step function was instantiated in the warm-up: its graphs are in
-            self.ctx.disable_graph_collection()
+            self._stop_collecting()
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.config.tf_host_tracer_level, python_tracer_level=0,
                                                              device_tracer_level=self._device_tracer_level())
         self.timeline.start(self.config.out_dir, self.config.steps,
@@ -207,9 +209,13 @@ class TFBackend:
             pass
         self._cleanup()
 
+    def _stop_collecting(self) -> None:
+        self.collecting = False
+        self.ctx.disable_graph_collection()
+
     def _cleanup(self) -> None:
         try:
-            self.ctx.disable_graph_collection()
+            self._stop_collecting()
         except Exception:  # noqa: BLE001
             pass
         if self.logdir:
@@ -241,9 +247,10 @@ class TFBackend:
         finally:
             self._who = rank_world()  # while Horovod is still up
             try:
-                self._take_graphs()  # what was collected in the window (if it still collected)
+                if self.collecting:
+                    self._take_graphs()  # what was collected in the window
             finally:
-                self.ctx.disable_graph_collection()
+                self._stop_collecting()
 
     def stop_and_write(self) -> None:
         """Stop the profiler, convert its XSpace and write this rank's raw files (ops, graph, meta)."""
