@@ -322,3 +322,56 @@ def test_dpro_groups_are_applied_and_modelled(profiled, tmp_path, model, groups)
     r = subprocess.run([sys.executable, "-m", "dpro.cli", "optimize", str(out), "--budget", "5"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "synchronisation groups" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+RECORDER_WINDOW = r'''
+import os, sys, json
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import tensorflow as tf
+import dpro
+from models import build
+model, ds, loss_fn = build("convnet", 8, seed=0)
+opt = tf.keras.optimizers.SGD(0.01)
+it = iter(ds)
+rec = dpro.Recorder(model, out_dir=sys.argv[1], warmup=2, steps=2)
+@tf.function
+def train_step(it):
+    x, y = next(it)
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+seen = []
+@dpro.profile(rec)
+def step():
+    float(train_step(it))
+for i in range(5):
+    step()
+    seen.append({"call": i, "collecting": rec._backend.collecting,
+                 "written": (Path(sys.argv[1]) / "rank0.json.gz").exists()})
+print("STATE " + json.dumps(seen), flush=True)
+'''
+
+
+def test_tf_window_defers_the_export_and_stops_graph_collection(tmp_path):
+    """One TF process (no GPU): graph collection stops at the window's start (the warm-up
+    collected the step's graphs), the xplane is converted after the window, not in its last
+    call, and the graphs are in the rank's file."""
+    py = TF_VENV / "bin" / "python"
+    if not py.is_file():
+        pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "DPRO_AFTER_STEPS": "20"}
+    for k in ("DPRO_DISABLE", "DPRO_TF_COLLECT_IN_WINDOW", "DPRO_TF_DEVICE_TRACER_LEVEL", "DPRO_DEFER_WRITE",
+              "HOROVOD_TIMELINE"):
+        env.pop(k, None)
+    out = tmp_path / "raw"
+    r = subprocess.run([str(py), "-c", RECORDER_WINDOW, str(out), str(EXAMPLE.parent)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    state = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("STATE "))[6:])
+    assert [s["collecting"] for s in state] == [True, True, False, False, False]  # window: calls 2, 3
+    assert not any(s["written"] for s in state)  # 3 calls after the window < 20: written at exit
+    rank = json.loads(gzip.decompress((out / "rank0.json.gz").read_bytes()))
+    assert sorted(rank["steps"]) == ["2", "3"] and rank["events"]
+    assert any(n["op"] == "MatMul" or "MatMul" in n["op"] for g in rank["graphs"] for n in g)

@@ -52,6 +52,11 @@ ENV_PROFILE_MEMORY = "DPRO_PROFILE_MEMORY"
 #: TensorFlow: the host tracer's level in the window (default 2: every executor op; 1 keeps
 #: only the ops TF deems expensive, so the DFG loses ops)
 ENV_TF_HOST_TRACER_LEVEL = "DPRO_TF_HOST_TRACER_LEVEL"
+#: TensorFlow's device tracer level in the window (default: 1 where TF sees a GPU, else 0)
+ENV_TF_DEVICE_TRACER_LEVEL = "DPRO_TF_DEVICE_TRACER_LEVEL"
+#: ``1``: keep TF's graph collection on through the window (default: off from the window's
+#: start once the step function's graphs were collected in the warm-up)
+ENV_TF_COLLECT_IN_WINDOW = "DPRO_TF_COLLECT_IN_WINDOW"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"

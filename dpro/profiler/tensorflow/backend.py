@@ -6,7 +6,7 @@
     @dpro.profile(recorder)
     def step(): ...                          # calls a tf.function train step
 
-What one rank writes into the output directory at the end of the window:
+What one rank writes into the output directory after the window:
 
 * ``rank<r>.xplane.pb`` — the TF profiler's raw output for the window (host tracer);
 * ``rank<r>.json.gz`` — ``{"format": "dpro-tf-rank", ...}``: the executor's op events of
@@ -25,8 +25,11 @@ What one rank writes into the output directory at the end of the window:
 The graphs come from TF's graph collection (``context.enable_graph_collection``), which
 records a function's graphs when it is instantiated: the recorder switches it on when it
 is created, so create it before the step function first runs (otherwise only the trace is
-recorded, and the import falls back to a trace-only DFG with a note). Converting the
-xplane in the rank keeps TensorFlow out of ``dpro collect``.
+recorded, and the import falls back to a trace-only DFG with a note), and off at the
+window's start once the warm-up's graphs are in (``DPRO_TF_COLLECT_IN_WINDOW=1``: at its
+end). Converting the xplane in the rank keeps TensorFlow out of ``dpro collect``; it
+happens after the window (:meth:`TFBackend.write`, deferred by the recorder), not in its
+last call.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from dpro.contracts.recording import (
     TF_EVENT_START,
     TF_RANK_FORMAT,
     TF_RANK_VERSION,
+    ENV_TF_COLLECT_IN_WINDOW,
+    ENV_TF_DEVICE_TRACER_LEVEL,
     XPLANE_SUFFIX,
     MetaKey,
     TFRankKey,
@@ -133,9 +138,15 @@ class TFBackend:
         self.model = model
         self.ctx = context.context()
         self.ctx.enable_graph_collection()
+        #: whether TF's graph collection is on (from here to the window's start, or its end)
+        self.collecting = True
         self.logdir: str | None = None
         self.steps: list[int] = []
         self.active = False
+        #: the graphs TF collected (RunMetadata exported at the window's start and end), and
+        #: (rank, world, library) at the window's end (:meth:`stop`)
+        self._run_metadata: list[Any] = []
+        self._who: tuple[int, int, str | None] | None = None
         self.timeline = WindowTimeline("horovod.tensorflow")
         self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
@@ -145,11 +156,32 @@ class TFBackend:
         """Between steps: keep Horovod's timeline writer parked (dpro.profiler.horovod.writer)."""
         self.timeline.keep_parked()
 
+    def _take_graphs(self) -> bool:
+        """Keep the graphs TF collected so far (it forgets them on export); True if any."""
+        md = self.ctx.export_run_metadata()
+        if md is None:
+            return False
+        self._run_metadata.append(md)
+        return bool(md.function_graphs) or bool(md.partition_graphs)
+
+    def _device_tracer_level(self) -> int:
+        """``DPRO_TF_DEVICE_TRACER_LEVEL``, else 1 where TF sees a GPU and 0 where it sees none."""
+        text = os.environ.get(ENV_TF_DEVICE_TRACER_LEVEL, "").strip()
+        if text in ("0", "1"):
+            return int(text)
+        try:
+            return 1 if self.tf.config.list_physical_devices("GPU") else 0
+        except Exception:  # noqa: BLE001
+            return 1
+
     def start(self) -> None:
-        """Start TF's profiler for the window."""
+        """Start TF's profiler for the window; stop collecting graphs if the warm-up's are in."""
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
+        if os.environ.get(ENV_TF_COLLECT_IN_WINDOW, "") not in ("1", "true", "yes") and self._take_graphs():
+            # the step function was instantiated in the warm-up: its graphs are in
+            self._stop_collecting()
         opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.config.tf_host_tracer_level, python_tracer_level=0,
-                                                             device_tracer_level=1)
+                                                             device_tracer_level=self._device_tracer_level())
         self.timeline.start(self.config.out_dir, self.config.steps,
                             len(getattr(self.model, "trainable_variables", []) or []), rank_world()[1])
         self.tf.profiler.experimental.start(self.logdir, options=opts)
@@ -177,9 +209,13 @@ class TFBackend:
             pass
         self._cleanup()
 
+    def _stop_collecting(self) -> None:
+        self.collecting = False
+        self.ctx.disable_graph_collection()
+
     def _cleanup(self) -> None:
         try:
-            self.ctx.disable_graph_collection()
+            self._stop_collecting()
         except Exception:  # noqa: BLE001
             pass
         if self.logdir:
@@ -187,29 +223,46 @@ class TFBackend:
             self.logdir = None
 
     def _graphs(self) -> tuple[list[list[dict]], list[str]]:
-        """Executed partition graphs of every function instantiated so far; Horovod op creation order."""
-        md = self.ctx.export_run_metadata()
+        """Executed partition graphs of every function instantiated up to the window's end
+        (exported by :meth:`stop`); Horovod op creation order."""
+        mds, self._run_metadata = self._run_metadata, []
         graphs: list[list[dict]] = []
         hvd_order: list[str] = []
-        if md is None:
-            return graphs, hvd_order
-        for fg in md.function_graphs:
-            for pg in fg.partition_graphs:
+        for md in mds:
+            for fg in md.function_graphs:
+                for pg in fg.partition_graphs:
+                    graphs.append(_graph_json(pg))
+                for n in fg.pre_optimization_graph.node:
+                    if n.op.startswith("Horovod") and n.name not in hvd_order:
+                        hvd_order.append(n.name)
+            for pg in md.partition_graphs:
                 graphs.append(_graph_json(pg))
-            for n in fg.pre_optimization_graph.node:
-                if n.op.startswith("Horovod") and n.name not in hvd_order:
-                    hvd_order.append(n.name)
-        for pg in md.partition_graphs:
-            graphs.append(_graph_json(pg))
         return graphs, hvd_order
+
+    def stop(self) -> None:
+        """End the window: stop the profiler (it writes its XSpace to a temporary directory),
+        take the graphs TF collected and stop collecting; the conversion waits for :meth:`write`."""
+        try:
+            self._stop()
+        finally:
+            self._who = rank_world()  # while Horovod is still up
+            try:
+                if self.collecting:
+                    self._take_graphs()  # what was collected in the window
+            finally:
+                self._stop_collecting()
 
     def stop_and_write(self) -> None:
         """Stop the profiler, convert its XSpace and write this rank's raw files (ops, graph, meta)."""
+        self.stop()
+        self.write()
+
+    def write(self) -> None:
+        """Convert the stopped window's XSpace and write this rank's raw files (ops, graph, meta)."""
         from dpro.importers.xplane import read_xspace
 
-        self._stop()
         try:
-            rank, world, library = rank_world()
+            rank, world, library = self._who or rank_world()
             out = self.config.out_dir
             out.mkdir(parents=True, exist_ok=True)
             assert self.logdir is not None
