@@ -16,7 +16,8 @@ from pathlib import Path
 #: low to high; a package imports only itself and packages of lower layers
 LAYERS: list[list[str]] = [
     ["dpro.errors"],
-    ["dpro.jsonio", "dpro.progress", "dpro.contracts", "dpro.executor", "dpro.resultcache", "dpro.sizes"],
+    ["dpro.jsonio", "dpro.progress", "dpro.contracts", "dpro.executor", "dpro.resultcache", "dpro.sizes",
+     "dpro.compiled"],
     ["dpro.gtrace"],
     ["dpro.importers", "dpro.alignment", "dpro.graph", "dpro.apply"],
     ["dpro.loader", "dpro.replayer", "dpro.profiler"],

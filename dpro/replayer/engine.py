@@ -55,7 +55,6 @@ and raise :class:`EngineMismatch` unless they agree bit for bit; the test suite 
 
 from __future__ import annotations
 
-import functools
 import heapq
 import os
 from array import array
@@ -66,6 +65,7 @@ import numpy as np
 
 from dpro.errors import DproInputError
 from dpro.graph.compiled import CompiledGraph
+from dpro.compiled import load_compiled
 
 
 @dataclass
@@ -89,14 +89,9 @@ class EngineMismatch(AssertionError):
     """``DPRO_ENGINE=both``: the compiled and the Python engine disagree (a bug)."""
 
 
-@functools.cache
 def _core():
     """The compiled core module, or the reason it cannot be loaded (a string)."""
-    try:
-        from dpro.replayer import _core as core
-    except ImportError as e:
-        return f"not built ({e})"
-    return core
+    return load_compiled("dpro.replayer._core")
 
 
 def compiled_available() -> bool:

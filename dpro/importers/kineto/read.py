@@ -17,6 +17,7 @@ import orjson
 from dpro.contracts.recording import META_SUFFIX
 from dpro.errors import DproInputError, brief, one_line
 from dpro.jsonio import MAX_DEPTH, current_read_options, read_array_stream, regular_file_problem
+from dpro.compiled import load_compiled
 
 log = logging.getLogger(__name__)
 
@@ -302,15 +303,10 @@ def _new_frames(first: int) -> PyFrames:
     return PyFrames(array("d"), array("d"), first)
 
 
-@functools.cache
 def _compiled():
     """The compiled reader loop (``dpro.importers.kineto._collect``), or why it cannot be
     loaded (a string): built by setup.py with the replay core; optional."""
-    try:
-        import dpro.importers.kineto._collect as _collect
-    except ImportError as e:
-        return f"not built ({e})"
-    return _collect
+    return load_compiled("dpro.importers.kineto._collect")
 
 
 def reader_line() -> str | None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.importers.kineto.read import KEvent, PyFrames, RankFile
+from dpro.compiled import load_compiled
 
 if TYPE_CHECKING:  # numpy is imported where the frames are checked: not at the CLI's start-up
     import numpy as np
@@ -545,15 +546,10 @@ def _context_name(name: str) -> str:
     return _context_cat([name])
 
 
-@functools.cache
 def _compiled():
     """The compiled thread visit (``dpro.importers.kineto._segments``), or why it cannot be
     loaded (a string): built by setup.py with the replay core; optional."""
-    try:
-        import dpro.importers.kineto._segments as _segments
-    except ImportError as e:
-        return f"not built ({e})"
-    return _segments
+    return load_compiled("dpro.importers.kineto._segments")
 
 
 def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
