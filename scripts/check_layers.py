@@ -17,7 +17,7 @@ from pathlib import Path
 LAYERS: list[list[str]] = [
     ["dpro.errors"],
     ["dpro.jsonio", "dpro.progress", "dpro.contracts", "dpro.executor", "dpro.resultcache", "dpro.sizes",
-     "dpro.compiled"],
+     "dpro.compiled", "dpro.ports"],
     ["dpro.gtrace"],
     ["dpro.importers", "dpro.alignment", "dpro.graph", "dpro.apply"],
     ["dpro.loader", "dpro.replayer", "dpro.profiler"],

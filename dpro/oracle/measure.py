@@ -29,12 +29,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from dpro.ports import free_port
 
 #: message sizes (bytes): both sides of a 128 KiB token-bucket burst (netns caps) with room to fit its knee
 SIZES = (1 << 10, 1 << 14, 1 << 15, 1 << 16, 3 << 15, 1 << 17, 3 << 16, 1 << 18, 1 << 19, 1 << 20, 1 << 21)
@@ -213,11 +214,6 @@ def _spawned(rank: int, world: int, port: int, kw: dict, out: str) -> None:
         Path(out).write_text(json.dumps(got))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def measure(world: int, **kw: Any) -> dict:
     """:func:`rank_samples` in ``world`` local processes over gloo (loopback); rank 0's samples."""
@@ -226,7 +222,7 @@ def measure(world: int, **kw: Any) -> dict:
     with tempfile.TemporaryDirectory(prefix="dpro-oracle-calibrate-") as tmp:
         out = os.path.join(tmp, "samples.json")
         # fork: the ranks inherit the imported torch (spawn re-imports it in each, seconds on a busy host)
-        mp.start_processes(_spawned, args=(world, _free_port(), kw, out), nprocs=world, join=True, start_method="fork")
+        mp.start_processes(_spawned, args=(world, free_port(), kw, out), nprocs=world, join=True, start_method="fork")
         return json.loads(Path(out).read_text())
 
 

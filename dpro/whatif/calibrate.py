@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dpro.graph.comm_model import lad_link_cost, ring_steps
+from dpro.ports import free_port
 from dpro.whatif.platform import FORMAT
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -46,26 +47,21 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int],
         ts, cpu = [], []
         for _ in range(repeats):
             dist.barrier()
-            c0, t0 = _cpu_us(), time.perf_counter()
+            c0, t0 = process_cpu_us(), time.perf_counter()
             dist.all_reduce(x)
             ts.append((time.perf_counter() - t0) * 1e6)
-            cpu.append(_cpu_us() - c0)
+            cpu.append(process_cpu_us() - c0)
         rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts), "cpu_us": statistics.median(cpu)})
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
 
 
-def _cpu_us() -> float:
+def process_cpu_us() -> float:
     """CPU time of this process so far (all threads, user + system), µs."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return (r.ru_utime + r.ru_stime) * 1e6
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None = None, repeats: int = 10) -> dict:
@@ -77,7 +73,7 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
     sizes = sizes or DEFAULT_SIZES
     with tempfile.TemporaryDirectory(prefix="dpro-calibrate-") as tmp:
         out = os.path.join(tmp, "rows.json")
-        mp.spawn(_rank_main, args=(processes, _free_port(), backend, sizes, repeats, out), nprocs=processes, join=True)
+        mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, out), nprocs=processes, join=True)
         rows = json.loads(Path(out).read_text())
     k = ring_steps(processes)
     A = np.array([[k, k * r["bytes"] / processes] for r in rows], dtype=float)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from dpro.graph.comm_model import lad_link_cost
+from dpro.ports import free_port
+from dpro.whatif.calibrate import process_cpu_us
 from dpro.whatif.platform import FORMAT
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
@@ -43,16 +44,6 @@ DEFAULT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 TARGET_BYTES = 256 << 20
 ENV_SERVER_PID = "DPRO_CALIBRATE_SERVER_PID"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _self_cpu_us() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return (r.ru_utime + r.ru_stime) * 1e6
 
 
 def proc_cpu_us(pid: int) -> float:
@@ -87,7 +78,7 @@ def _worker_main(out: str, sizes: list[int], repeats: int, target: int = TARGET_
             kv.pull(key, out=b)
             b.wait_to_read()
         k = rounds_for(nbytes, repeats, target)
-        w0, s0, t0 = _self_cpu_us(), proc_cpu_us(server), time.perf_counter()
+        w0, s0, t0 = process_cpu_us(), proc_cpu_us(server), time.perf_counter()
         walls = []
         for _ in range(k):
             t = time.perf_counter()
@@ -97,7 +88,7 @@ def _worker_main(out: str, sizes: list[int], repeats: int, target: int = TARGET_
             walls.append((time.perf_counter() - t) * 1e6)
         wall = (time.perf_counter() - t0) * 1e6
         rows.append({"bytes": n * 4, "rounds": k, "us": statistics.median(walls), "mean_us": wall / k,
-                     "worker_cpu_us": (_self_cpu_us() - w0) / k, "server_cpu_us": (proc_cpu_us(server) - s0) / k})
+                     "worker_cpu_us": (process_cpu_us() - w0) / k, "server_cpu_us": (proc_cpu_us(server) - s0) / k})
     Path(out).write_text(json.dumps(rows))
 
 
@@ -129,7 +120,7 @@ def measure(python: str = sys.executable, sizes: list[int] | None = None, repeat
     where the processes run and the scheduler's address, loopback by default; ``env``: the
     processes' environment, default this one's)."""
     sizes = sizes or DEFAULT_SIZES
-    env = {**(os.environ if env is None else env), "DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(_free_port()),
+    env = {**(os.environ if env is None else env), "DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(free_port()),
            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "PS_VERBOSE": "0"}
     node = ["-c", "import mxnet"]  # MXNet runs its server / scheduler loop on import, by DMLC_ROLE
     procs = []
