@@ -91,3 +91,17 @@ def test_every_corpus_set_gives_the_same_segments(monkeypatch):
         segs, comm = _both(monkeypatch, rf, convert._main_tid(rf))
         n += bool(segs)
     assert n > 15
+
+
+@pytest.mark.parametrize("cat", ["cpu_op", "user_annotation", "python_function"])
+def test_events_nested_thousands_deep_give_a_one_line_error(monkeypatch, cat):
+    """Each event inside the previous, 3000 levels (valid JSON): both visits recurse once
+    per level, so a RecursionError came out as a traceback; now the same DproInputError."""
+    evs = [KEvent(f"op{i}", cat, float(i), 6000.0 - 2 * i, 1, None) for i in range(3000)]
+    evs.append(KEvent("aten::mm", "cpu_op", 2999.5, 0.1, 1, None))
+    rf = RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None, events=evs)
+    out = _both(monkeypatch, rf, 1) if not isinstance(segments._compiled(), str) else None
+    with pytest.raises(DproInputError, match=r"r0\.json: thread 1: complete events nested too deep"):
+        segments.cpu_segments(rf, 1)
+    if out is not None:
+        assert out[0] == "DproInputError"

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
+from dpro.errors import DproInputError, brief
 from dpro.importers.kineto.read import KEvent, PyFrames, RankFile
 from dpro.compiled import load_compiled
 
@@ -597,14 +598,18 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
                 (comm if sg.dev == "comm" else segs).append(sg)
 
         dev = thread_names.setdefault(tid, "cpu:main" if tid == main_tid else f"cpu:t{len(thread_names)}")
-        if not isinstance(fast, str):
-            fast.visit_thread(roots, tid, dev, segs, comm, Seg, _spec(Seg), _cut, _gloo_seg, _context_name, _STEP_RE.match,
-                              LAYER_PREFIX, SYNC_CALLS)
-            visit = None  # type: ignore[assignment]
-            continue
-        for r in roots:
-            visit(r, "", None, dev)
-        visit = None  # type: ignore[assignment]  # a reference cycle (see _cut)
+        try:
+            if not isinstance(fast, str):
+                fast.visit_thread(roots, tid, dev, segs, comm, Seg, _spec(Seg), _cut, _gloo_seg, _context_name,
+                                  _STEP_RE.match, LAYER_PREFIX, SYNC_CALLS)
+            else:
+                for r in roots:
+                    visit(r, "", None, dev)
+        except RecursionError:  # both visits recurse once per level of nesting
+            raise DproInputError(rf.path, f"thread {brief(tid)}: complete events nested too deep "
+                                          "(hundreds of levels, each inside the previous)") from None
+        finally:
+            visit = None  # type: ignore[assignment]  # a reference cycle (see _cut)
     return segs, comm
 
 
