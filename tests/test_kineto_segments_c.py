@@ -105,3 +105,20 @@ def test_events_nested_thousands_deep_give_a_one_line_error(monkeypatch, cat):
         segments.cpu_segments(rf, 1)
     if out is not None:
         assert out[0] == "DproInputError"
+
+
+@pytest.mark.parametrize("corr", ["", None, [1], "x1"])
+def test_a_launch_or_kernel_without_an_integer_correlation_is_named(monkeypatch, corr):
+    """Not the catch-all "cannot interpret": one line naming the event (both visits)."""
+    evs = [KEvent("aten::mm", "cpu_op", 0.0, 10.0, 1, None),
+           KEvent("cudaLaunchKernel", "cuda_runtime", 2.0, 1.0, 1, {"correlation": corr})]
+    rf = RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None, events=evs)
+    want = r"r0\.json: '{}' at ts {}: args\.correlation .+ is not an integer id"
+    if not isinstance(segments._compiled(), str):
+        assert _both(monkeypatch, rf, 1)[0] == "DproInputError"
+    with pytest.raises(DproInputError, match=want.format("cudaLaunchKernel", r"2\.0")):
+        segments.cpu_segments(rf, 1)
+    kernel = RankFile(path=Path("r0.json"), rank=0, world_size=1, backend=None,
+                      events=[KEvent("sgemm", "kernel", 5.0, 1.0, 7, {"correlation": corr, "stream": 7})])
+    with pytest.raises(DproInputError, match=want.format("sgemm", r"5\.0")):
+        segments.gpu_segments(kernel)

@@ -434,9 +434,10 @@ def _cut(op: _Ev, dev: str, cat: str, layer: str | None = None) -> list[Seg]:
                     points.append((c.ts, "sync_start", kind))
                     points.append((c.end, "sync_end", kind))
                 elif "correlation" in c.args:
-                    points.append((c.end, "launch", int(c.args["correlation"])))
+                    corr = _correlation(c.name, c.ts, c.args)
+                    points.append((c.end, "launch", corr))
                     if issue is not None:
-                        comm_info[int(c.args["correlation"])] = replace(issue)
+                        comm_info[corr] = replace(issue)
             elif is_issue(c.name) and issue is None:
                 info = CommInfo(_coll_name(c.name), p2p=p2p_of(c.name, c.args))
                 _update_comm_info(info, c.name, c.args)
@@ -608,9 +609,24 @@ def cpu_segments(rf: RankFile, main_tid: object) -> tuple[list[Seg], list[Seg]]:
         except RecursionError:  # both visits recurse once per level of nesting
             raise DproInputError(rf.path, f"thread {brief(tid)}: complete events nested too deep "
                                           "(hundreds of levels, each inside the previous)") from None
+        except BadCorrelation as e:
+            raise DproInputError(rf.path, str(e)) from None
         finally:
             visit = None  # type: ignore[assignment]  # a reference cycle (see _cut)
     return segs, comm
+
+
+class BadCorrelation(ValueError):
+    """An event whose ``args.correlation`` is not an integer id (the message names it)."""
+
+
+def _correlation(name: str, ts: float, args: dict) -> int:
+    """An event's ``args["correlation"]`` as an int; :class:`BadCorrelation` if it is none."""
+    v = args["correlation"]
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise BadCorrelation(f"{brief(name)} at ts {brief(ts)}: args.correlation {brief(v)} is not an integer id") from None
 
 
 def gpu_segments(rf: RankFile) -> list[Seg]:
@@ -623,7 +639,10 @@ def gpu_segments(rf: RankFile) -> list[Seg]:
         dev = f"gpu{a.get('device', 0)}:s{a.get('stream', e.tid)}"
         name = e.name
         s = Seg(dev, name, e.ts, e.ts + e.dur)
-        s.corr = int(a["correlation"]) if "correlation" in a else None
+        try:
+            s.corr = _correlation(name, e.ts, a) if "correlation" in a else None
+        except BadCorrelation as err:
+            raise DproInputError(rf.path, str(err)) from None
         if is_comm_kernel(name):
             s.cat = "COMM"
             s.coll = str(a.get("Collective name") or _coll_name(name)).lower().replace("_", "")
