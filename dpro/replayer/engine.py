@@ -63,9 +63,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpro.compiled import load_compiled
 from dpro.errors import DproInputError
 from dpro.graph.compiled import CompiledGraph
-from dpro.compiled import load_compiled
 
 
 @dataclass

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import orjson
 
+from dpro.compiled import load_compiled
 from dpro.contracts.recording import META_SUFFIX
 from dpro.errors import DproInputError, brief, one_line
 from dpro.jsonio import MAX_DEPTH, current_read_options, read_array_stream, regular_file_problem
-from dpro.compiled import load_compiled
 
 log = logging.getLogger(__name__)
 

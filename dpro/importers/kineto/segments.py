@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from dpro.compiled import load_compiled
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
 from dpro.errors import DproInputError, brief
 from dpro.importers.kineto.read import KEvent, PyFrames, RankFile
-from dpro.compiled import load_compiled
 
 if TYPE_CHECKING:  # numpy is imported where the frames are checked: not at the CLI's start-up
     import numpy as np
