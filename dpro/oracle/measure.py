@@ -22,6 +22,15 @@ stay idle ``idle_us`` (a token bucket on the link refills, as it does during a t
 step's compute: calibration.fit_collectives then sees its burst), then meet at a barrier
 (idle after it, each rank's own wake-up would be in the call's time);
 a collective's sample is the mean over the ranks taking part of one call.
+
+**Back-to-back calls** (:func:`streams`, the ``stream_*`` samples): a training step pays
+its halo exchanges and pipeline sends one after another, with no barrier and no idle
+period between them, which costs less per call than one call after a barrier. Here each
+sample is ``calls`` calls in a row (after one barrier) divided by ``calls``, for
+``stream_p2p`` (blocking send/recv pairs 0→1, 2→3, ...: the pipeline's ``dist.send`` /
+``dist.recv``, the blocking forms of isend/irecv), ``stream_exchange`` (the halo exchange)
+and ``stream_allreduce`` (a collective, for comparison); every round times every size
+once, in a new order, and calibration.fit_stream takes the median over the rounds.
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ HOST_SIZES = (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 KINDS = ("allreduce", "allgather", "exchange")
 #: the topology probe's sizes: large, so that the wire (not the per-call overhead) decides
 PAIR_SIZES = (1 << 19, 1 << 20, 1 << 21)
+#: back-to-back calls (:func:`streams`): the sizes of halo rows and pipeline activations (bytes)
+STREAM_SIZES = (1 << 10, 1 << 13, 1 << 15, 1 << 17)
+STREAM_KINDS = ("p2p", "exchange", "allreduce")
 
 
 def _collective(kind: str, t: Any, parts: list, rank: int, n: int, groups: tuple) -> bool:
@@ -64,6 +76,59 @@ def _collective(kind: str, t: Any, parts: list, rank: int, n: int, groups: tuple
             return False
         dist.all_reduce(t, group=groups[mine])
     return True
+
+
+def _stream_call(kind: str, t: Any, parts: list, rank: int, n: int) -> bool:
+    """One call of a back-to-back stream; False when this rank takes no part."""
+    import torch.distributed as dist
+
+    if kind == "p2p":  # pairs 0->1, 2->3, ...: the pipeline's blocking send / recv
+        if rank % 2 == 0 and rank + 1 < n:
+            dist.send(t, rank + 1)
+        elif rank % 2:
+            dist.recv(parts[0], rank - 1)
+        else:
+            return False
+        return True
+    return _collective(kind, t, parts, rank, n, ())
+
+
+def streams(rounds: int, calls: int, warmup: int, seed: int,
+            sizes: tuple[int, ...] = STREAM_SIZES) -> dict[str, list[list[float]]] | None:
+    """Per kind of :data:`STREAM_KINDS` and size, ``calls`` calls back to back after one
+    barrier (no idle between them, as a step's halo exchanges and pipeline sends): on rank 0
+    ``{"stream_" + kind: [[round, bytes, µs per call, mean over the ranks taking part], ...]}``
+    (bytes: one message, the pair's or a neighbour's), None elsewhere."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    bufs = {s: (torch.ones(s // 4), [torch.empty(s // 4) for _ in range(n)]) for s in sizes}
+    order = [(k, s) for k in STREAM_KINDS for s in sizes]
+    for k, s in order:  # warm-up
+        dist.barrier()
+        for _ in range(warmup):
+            _stream_call(k, bufs[s][0], bufs[s][1], rank, n)
+    rng = random.Random(seed + 1)  # the same order on every rank
+    mine: list[float] = []
+    plan: list[tuple[int, str, int]] = []
+    for r in range(rounds):
+        rng.shuffle(order)
+        for k, s in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            took = all([_stream_call(k, bufs[s][0], bufs[s][1], rank, n) for _ in range(calls)])
+            mine.append((time.perf_counter() - t0) * 1e6 / calls if took else float("nan"))
+            plan.append((r, k, s))
+    every = [torch.empty(len(mine), dtype=torch.float64) for _ in range(n)]
+    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
+    if rank:
+        return None
+    mean = torch.nanmean(torch.stack(every), 0).tolist()
+    out: dict[str, list[list[float]]] = {f"stream_{k}": [] for k in STREAM_KINDS}
+    for (r, k, s), t in zip(plan, mean):
+        out[f"stream_{k}"].append([r, s, t])
+    return out
 
 
 def _busy(us: float, a: Any) -> None:
@@ -184,19 +249,25 @@ def host_ops(reps: int, rounds: int, n: int, seed: int,
 
 def rank_samples(*, reps: int = 5, rounds: int = 6, warmup: int = 5, seed: int = 0, compute_us: float = 0.0,
                  idle_us: float = 0.0, host: bool = True, sizes: tuple[int, ...] = SIZES,
-                 host_sizes: tuple[int, ...] = HOST_SIZES) -> dict | None:
+                 host_sizes: tuple[int, ...] = HOST_SIZES, stream_rounds: int = 9, stream_calls: int = 8,
+                 stream_sizes: tuple[int, ...] = STREAM_SIZES) -> dict | None:
     """The calibration's samples, in every rank of the default group; rank 0 gets
-    ``{"world_size", "raw": {kind: [[bytes, µs], ...]}, "function_us": [...], ...}``, others None."""
+    ``{"world_size", "raw": {kind: [[bytes, µs], ...], "stream_" + kind: [[round, bytes, µs], ...]},
+    "function_us": [...], ...}``, others None. ``stream_rounds`` 0: no back-to-back samples."""
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
     raw = collectives(reps, rounds, warmup, seed, compute_us=compute_us, idle_us=idle_us, sizes=sizes)
+    st = streams(stream_rounds, stream_calls, warmup, seed, stream_sizes) if stream_rounds else None
+    if raw is not None and st is not None:
+        raw |= st
     hraw, fn = host_ops(reps * 2, rounds, n, seed, host_sizes) if host and rank == 0 else ({}, [])
     dist.barrier()
     if raw is None:
         return None
     return {"world_size": n, "raw": raw | hraw, "function_us": fn, "reps": reps, "rounds": rounds,
-            "idle_us": idle_us, "compute_us": compute_us}
+            "idle_us": idle_us, "compute_us": compute_us,
+            "stream_rounds": stream_rounds, "stream_calls": stream_calls}
 
 
 def _spawned(rank: int, world: int, port: int, kw: dict, out: str) -> None:
