@@ -29,10 +29,10 @@ size's extremes trimmed (:func:`_fit`).
 ``calls[n]``: the per-call cost of **back-to-back** calls at n processes (measure.py's
 ``stream_*`` samples: no barrier or idle between calls, as a step's halo exchanges and
 pipeline sends follow each other): ``p2p`` (a blocking send/recv pair), ``exchange``,
-``allreduce``; α + β per byte fitted to each size's median over the rounds
-(:func:`fit_stream`), with the spread of the per-round fits' α. The formulas charge a halo
-exchange and a pipeline send this α (:meth:`Calibration.per_call`) and the wire time W of
-the isolated calls' fit (which holds the token bucket and its refill).
+``allreduce``; α from each size's median over the rounds less the wire time of the
+isolated calls' fit (:func:`fit_stream`), with the spread of the rounds' α. The formulas
+charge a halo exchange and a pipeline send this α (:meth:`Calibration.per_call`) and the
+wire time W of the isolated calls' fit (which holds the token bucket and its refill).
 """
 
 from __future__ import annotations
@@ -240,11 +240,17 @@ def fit_collectives(world: int, raw: dict[str, list[list[float]]], burst: bool =
 STREAMS = ("p2p", "exchange", "allreduce")
 
 
-def fit_stream(rows: list[list[float]], steps: float, per: float) -> PerCall | None:
-    """``µs per call = steps·α + β·S`` (S = ``steps * bytes / per`` the bytes a rank sends)
-    fitted (least squares, coefficients >= 0) to each size's **median over the rounds**
-    of back-to-back samples ``[[round, bytes, µs per call], ...]`` (measure.streams); the
-    spread: α of each round's samples fitted alone. None without samples."""
+def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | None = None,
+               calls: int = 1) -> PerCall | None:
+    """The per-call cost of back-to-back samples ``[[round, bytes, µs per call], ...]``
+    (measure.streams: ``calls`` calls in a row, each ``steps`` ring steps sending
+    S = ``steps * bytes / per`` bytes) from each size's **median over the rounds**.
+
+    With ``wire`` (the isolated calls' fit of the same kind, :func:`_fit`: its β and token
+    bucket, which a stream drains), α = the median over the sizes of
+    ``(t - W(calls·S)/calls) / steps``, β and the bucket those of ``wire``; without, α and β
+    by least squares (coefficients >= 0). The spread: α of each round's samples alone.
+    None without samples."""
     by: dict[float, list[float]] = {}
     rounds: dict[int, list[tuple[float, float]]] = {}
     for r, b, t in rows:
@@ -256,6 +262,9 @@ def fit_stream(rows: list[list[float]], steps: float, per: float) -> PerCall | N
 
     def fit(pts: list[tuple[float, float]]) -> Cost:
         S = np.array([steps * b / per for b, _ in pts])
+        if wire is not None:
+            left = [(t - wire.wire(calls * s) / calls) / steps for s, (_, t) in zip(S, pts)]
+            return replace(wire, alpha=max(0.0, statistics.median(left)))
         (a, beta), _ = _nnls(np.column_stack([np.full_like(S, steps), S]), np.array([t for _, t in pts]))
         return Cost(float(a), float(beta))
 
@@ -265,15 +274,19 @@ def fit_stream(rows: list[list[float]], steps: float, per: float) -> PerCall | N
     return PerCall(cost, spread, len(rounds))
 
 
-def fit_streams(world: int, raw: dict[str, list[list[float]]]) -> dict[str, PerCall]:
+def fit_streams(world: int, raw: dict[str, list[list[float]]], links: dict[str, Cost] | None = None,
+                calls: int = 1) -> dict[str, PerCall]:
     """The back-to-back costs of ``raw``'s ``stream_*`` samples at ``world`` processes
-    (``p2p``: one message to one peer; the others shaped as :func:`shape`)."""
+    (``p2p``: one message to one peer; the others shaped as :func:`shape`), each with the
+    wire time of the isolated calls in ``links`` (a p2p send: the all-reduce's, per byte
+    sent) when given."""
+    links = links or {}
     out = {}
     for k in STREAMS:
         rows = raw.get(f"stream_{k}")
         if rows:
             steps, per = (1.0, 1.0) if k == "p2p" else shape(k, world)
-            got = fit_stream(rows, steps, per * steps)
+            got = fit_stream(rows, steps, per * steps, links.get("allreduce" if k == "p2p" else k), calls)
             if got is not None:
                 out[k] = got
     return out
@@ -326,7 +339,7 @@ def calibration_of(samples: dict[int, dict], topology: str = "measure") -> Calib
     cal = Calibration()
     for n, d in sorted(samples.items()):
         cal.links[n] = fit_collectives(n, d["raw"])
-        if got := fit_streams(n, d["raw"]):
+        if got := fit_streams(n, d["raw"], cal.links[n], int(d.get("stream_calls", 1))):
             cal.calls[n] = got
         if cal.host == HostCosts() and d.get("function_us"):
             cal.host = fit_host(d["raw"], d["function_us"])

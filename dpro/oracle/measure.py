@@ -93,10 +93,11 @@ def _stream_call(kind: str, t: Any, parts: list, rank: int, n: int) -> bool:
     return _collective(kind, t, parts, rank, n, ())
 
 
-def streams(rounds: int, calls: int, warmup: int, seed: int,
-            sizes: tuple[int, ...] = STREAM_SIZES) -> dict[str, list[list[float]]] | None:
+def streams(rounds: int, calls: int, warmup: int, seed: int, sizes: tuple[int, ...] = STREAM_SIZES,
+            idle_us: float = 0.0) -> dict[str, list[list[float]]] | None:
     """Per kind of :data:`STREAM_KINDS` and size, ``calls`` calls back to back after one
-    barrier (no idle between them, as a step's halo exchanges and pipeline sends): on rank 0
+    barrier (no idle between them, as a step's halo exchanges and pipeline sends; ``idle_us``
+    before the barrier, so that a token bucket starts full, as collectives.fit assumes): on rank 0
     ``{"stream_" + kind: [[round, bytes, µs per call, mean over the ranks taking part], ...]}``
     (bytes: one message, the pair's or a neighbour's), None elsewhere."""
     import torch
@@ -115,6 +116,8 @@ def streams(rounds: int, calls: int, warmup: int, seed: int,
     for r in range(rounds):
         rng.shuffle(order)
         for k, s in order:
+            if idle_us:
+                time.sleep(idle_us * 1e-6)
             dist.barrier()
             t0 = time.perf_counter()
             took = all([_stream_call(k, bufs[s][0], bufs[s][1], rank, n) for _ in range(calls)])
@@ -258,7 +261,7 @@ def rank_samples(*, reps: int = 5, rounds: int = 6, warmup: int = 5, seed: int =
 
     rank, n = dist.get_rank(), dist.get_world_size()
     raw = collectives(reps, rounds, warmup, seed, compute_us=compute_us, idle_us=idle_us, sizes=sizes)
-    st = streams(stream_rounds, stream_calls, warmup, seed, stream_sizes) if stream_rounds else None
+    st = streams(stream_rounds, stream_calls, warmup, seed, stream_sizes, idle_us) if stream_rounds else None
     if raw is not None and st is not None:
         raw |= st
     hraw, fn = host_ops(reps * 2, rounds, n, seed, host_sizes) if host and rank == 0 else ({}, [])
