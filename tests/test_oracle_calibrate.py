@@ -149,22 +149,25 @@ def test_calibrate_oracle_bad_input(run_cli, tmp_path: Path, args: tuple[str, ..
 
 
 def test_fit_of_back_to_back_calls() -> None:
-    """measure.streams' samples [[round, bytes, µs per call], ...]: α + β per byte sent
-    fitted to each size's median over the rounds (one slow round of +5 ms does not move
-    it), the spread of the rounds' own α; a halo exchange at 4 processes sends each
-    message to 2 neighbours, an all-reduce 2(n-1)/n of it in 2(n-1) steps."""
+    """Back-to-back samples [[round, bytes, µs per call], ...]: per round the mean of the
+    samples' α (t less the wire time), α the median over the rounds (one slow round of
+    +5 ms does not move it), the rounds' spread; without an isolated fit, β by least
+    squares; a halo exchange at 4 processes sends each message to 2 neighbours, an
+    all-reduce 2(n-1)/n of it in 2(n-1) steps."""
     from dpro.oracle.calibration import fit_stream, fit_streams
 
     sizes = (1024, 8192, 32768, 131072)
     rows = [[r, s, 300 + 0.001 * s + (5000 if r == 2 else 0)] for r in range(5) for s in sizes]
     got = fit_stream(rows, 1, 1)
-    assert got.cost.alpha == pytest.approx(300) and got.cost.beta == pytest.approx(0.001)
-    assert got.alpha_rounds == pytest.approx((300, 300, 5300)) and got.rounds == 5
-    raw = {"stream_p2p": rows,
+    assert got.cost.beta == pytest.approx(0.001) and got.cost.alpha == pytest.approx(300)
+    plain = fit_stream(rows, 1, 1, Cost(0, 0.001))
+    assert plain.cost.alpha == pytest.approx(300) and plain.cost.beta == 0.001
+    assert plain.alpha_rounds == pytest.approx((300, 300, 5300)) and plain.rounds == 5
+    raw = {"stream_p2p": [[r, s, 300 + 0.001 * s] for r in range(3) for s in sizes],
            "stream_exchange": [[r, s, 40 + 0.002 * 2 * s] for r in range(3) for s in sizes],
            "stream_allreduce": [[r, s, 6 * 20 + 0.003 * 1.5 * s] for r in range(3) for s in sizes]}
     st = fit_streams(4, raw)
-    assert st["p2p"].cost.alpha == pytest.approx(300)
+    assert st["p2p"].cost.alpha == pytest.approx(300) and st["p2p"].cost.beta == pytest.approx(0.001)
     assert st["exchange"].cost.alpha == pytest.approx(40) and st["exchange"].cost.beta == pytest.approx(0.002)
     assert st["allreduce"].cost.alpha == pytest.approx(20) and st["allreduce"].cost.beta == pytest.approx(0.003)
     assert fit_stream([[0, 1024, float("nan")]], 1, 1) is None

@@ -60,7 +60,7 @@ def main() -> None:
                         f"{h.slice.beta * 1e3:.3f}, clone {h.clone.alpha:.1f} + {h.clone.beta * 1e3:.3f}, zeros "
                         f"{h.zeros.alpha:.1f} + {h.zeros.beta * 1e3:.3f}, Function {h.function_us:.1f} µs")
             print(f"{n} ranks: {line}{host}", flush=True)
-            st = fit_streams(n, d["raw"])
+            st = fit_streams(n, d["raw"], c, int(d.get("stream_calls", 1)))
             if st:
                 per_call.setdefault(n, []).append({"old p2p": ar.alpha, "old exchange": ex.alpha} |
                                                   {f"new {k}": v.cost.alpha for k, v in st.items()})

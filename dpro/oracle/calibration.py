@@ -29,8 +29,8 @@ size's extremes trimmed (:func:`_fit`).
 ``calls[n]``: the per-call cost of **back-to-back** calls at n processes (measure.py's
 ``stream_*`` samples: no barrier or idle between calls, as a step's halo exchanges and
 pipeline sends follow each other): ``p2p`` (a blocking send/recv pair), ``exchange``,
-``allreduce``; α from each size's median over the rounds less the wire time of the
-isolated calls' fit (:func:`fit_stream`), with the spread of the rounds' α. The formulas
+``allreduce``; α: the median over the rounds of a round's mean per-call time less the
+wire time of the isolated calls' fit (:func:`fit_stream`), with the rounds' spread. The formulas
 charge a halo exchange and a pipeline send this α (:meth:`Calibration.per_call`) and the
 wire time W of the isolated calls' fit (which holds the token bucket and its refill).
 """
@@ -243,35 +243,33 @@ STREAMS = ("p2p", "exchange", "allreduce")
 def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | None = None,
                calls: int = 1) -> PerCall | None:
     """The per-call cost of back-to-back samples ``[[round, bytes, µs per call], ...]``
-    (measure.streams: ``calls`` calls in a row, each ``steps`` ring steps sending
-    S = ``steps * bytes / per`` bytes) from each size's **median over the rounds**.
+    (measure.py: ``calls`` calls in a row, each ``steps`` ring steps sending
+    S = ``steps * bytes / per`` bytes).
 
-    With ``wire`` (the isolated calls' fit of the same kind, :func:`_fit`: its β and token
-    bucket, which a stream drains), α = the median over the sizes of
-    ``(t - W(calls·S)/calls) / steps``, β and the bucket those of ``wire``; without, α and β
-    by least squares (coefficients >= 0). The spread: α of each round's samples alone.
-    None without samples."""
-    by: dict[float, list[float]] = {}
-    rounds: dict[int, list[tuple[float, float]]] = {}
-    for r, b, t in rows:
-        if t == t:
-            by.setdefault(float(b), []).append(float(t))
-            rounds.setdefault(int(r), []).append((float(b), float(t)))
-    if not by:
+    Each sample's α is what is left of it after the wire time, ``(t - W(calls·S)/calls) /
+    steps``, W the isolated calls' fit ``wire`` of the same kind (its β and token bucket,
+    which a stream drains from full), else βS by least squares over the samples. Per
+    round, the mean of its samples' α (pooled over the sizes, the ``TRIM`` share at each
+    end dropped: a step pays the mean); α = the **median over the rounds**, the spread
+    (lowest, median, highest round). β and the bucket: those of W. None without samples."""
+    pts = [(int(r), float(b), float(t)) for r, b, t in rows if t == t]
+    if not pts:
         return None
-
-    def fit(pts: list[tuple[float, float]]) -> Cost:
-        S = np.array([steps * b / per for b, _ in pts])
-        if wire is not None:
-            left = [(t - wire.wire(calls * s) / calls) / steps for s, (_, t) in zip(S, pts)]
-            return replace(wire, alpha=max(0.0, statistics.median(left)))
-        (a, beta), _ = _nnls(np.column_stack([np.full_like(S, steps), S]), np.array([t for _, t in pts]))
-        return Cost(float(a), float(beta))
-
-    cost = fit([(b, statistics.median(v)) for b, v in sorted(by.items())])
-    alphas = sorted(fit(v).alpha for v in rounds.values() if len({b for b, _ in v}) >= 2)
-    spread = (alphas[0], statistics.median(alphas), alphas[-1]) if alphas else (cost.alpha,) * 3
-    return PerCall(cost, spread, len(rounds))
+    if wire is None:
+        S = np.array([steps * b / per for _, b, _ in pts])
+        (_, beta), _ = _nnls(np.column_stack([np.full_like(S, steps), S]), np.array([t for *_, t in pts]))
+        wire = Cost(0.0, float(beta))
+    by: dict[int, list[float]] = {}
+    for r, b, t in pts:
+        by.setdefault(r, []).append((t - wire.wire(calls * steps * b / per) / calls) / steps)
+    means = []
+    for v in by.values():
+        v = sorted(v)
+        k = int(len(v) * TRIM)
+        means.append(float(np.mean(v[k:len(v) - k] if len(v) > 2 * k else v)))
+    means.sort()
+    alpha = max(0.0, statistics.median(means))
+    return PerCall(replace(wire, alpha=alpha), (means[0], statistics.median(means), means[-1]), len(means))
 
 
 def fit_streams(world: int, raw: dict[str, list[list[float]]], links: dict[str, Cost] | None = None,

@@ -23,14 +23,16 @@ step's compute: calibration.fit_collectives then sees its burst), then meet at a
 (idle after it, each rank's own wake-up would be in the call's time);
 a collective's sample is the mean over the ranks taking part of one call.
 
-**Back-to-back calls** (:func:`streams`, the ``stream_*`` samples): a training step pays
-its halo exchanges and pipeline sends one after another, with no barrier and no idle
-period between them, which costs less per call than one call after a barrier. Here each
-sample is ``calls`` calls in a row (after one barrier) divided by ``calls``, for
-``stream_p2p`` (blocking send/recv pairs 0→1, 2→3, ...: the pipeline's ``dist.send`` /
-``dist.recv``, the blocking forms of isend/irecv), ``stream_exchange`` (the halo exchange)
-and ``stream_allreduce`` (a collective, for comparison); every round times every size
-once, in a new order, and calibration.fit_stream takes the median over the rounds.
+**Back-to-back calls** (``stream_calls`` > 0, the ``stream_*`` samples): a training step
+pays its halo exchanges and pipeline sends one after another, without a barrier between
+them. Such a sample is ``stream_calls`` calls in a row after the same idle and barrier,
+divided by ``stream_calls``, for ``stream_p2p`` (blocking send/recv pairs 0→1, 2→3, ...:
+the pipeline's ``dist.send`` / ``dist.recv``, the blocking forms of isend/irecv),
+``stream_exchange`` (the halo exchange) and ``stream_allreduce`` (a collective, for
+comparison), at :data:`STREAM_SIZES`. They are items of the same shuffled rounds as the
+isolated calls, so that they sample the host over the whole calibration (the shared VM
+has slow and fast spells of seconds: samples taken in one block of 2 s moved 2-3x between
+launches); calibration.fit_stream takes the median over the rounds.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ HOST_SIZES = (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 KINDS = ("allreduce", "allgather", "exchange")
 #: the topology probe's sizes: large, so that the wire (not the per-call overhead) decides
 PAIR_SIZES = (1 << 19, 1 << 20, 1 << 21)
-#: back-to-back calls (:func:`streams`): the sizes of halo rows and pipeline activations (bytes)
+#: back-to-back calls (``stream_calls``): the sizes of halo rows and pipeline activations (bytes)
 STREAM_SIZES = (1 << 10, 1 << 13, 1 << 15, 1 << 17)
 STREAM_KINDS = ("p2p", "exchange", "allreduce")
 
@@ -93,47 +95,6 @@ def _stream_call(kind: str, t: Any, parts: list, rank: int, n: int) -> bool:
     return _collective(kind, t, parts, rank, n, ())
 
 
-def streams(rounds: int, calls: int, warmup: int, seed: int, sizes: tuple[int, ...] = STREAM_SIZES,
-            idle_us: float = 0.0) -> dict[str, list[list[float]]] | None:
-    """Per kind of :data:`STREAM_KINDS` and size, ``calls`` calls back to back after one
-    barrier (no idle between them, as a step's halo exchanges and pipeline sends; ``idle_us``
-    before the barrier, so that a token bucket starts full, as collectives.fit assumes): on rank 0
-    ``{"stream_" + kind: [[round, bytes, µs per call, mean over the ranks taking part], ...]}``
-    (bytes: one message, the pair's or a neighbour's), None elsewhere."""
-    import torch
-    import torch.distributed as dist
-
-    rank, n = dist.get_rank(), dist.get_world_size()
-    bufs = {s: (torch.ones(s // 4), [torch.empty(s // 4) for _ in range(n)]) for s in sizes}
-    order = [(k, s) for k in STREAM_KINDS for s in sizes]
-    for k, s in order:  # warm-up
-        dist.barrier()
-        for _ in range(warmup):
-            _stream_call(k, bufs[s][0], bufs[s][1], rank, n)
-    rng = random.Random(seed + 1)  # the same order on every rank
-    mine: list[float] = []
-    plan: list[tuple[int, str, int]] = []
-    for r in range(rounds):
-        rng.shuffle(order)
-        for k, s in order:
-            if idle_us:
-                time.sleep(idle_us * 1e-6)
-            dist.barrier()
-            t0 = time.perf_counter()
-            took = all([_stream_call(k, bufs[s][0], bufs[s][1], rank, n) for _ in range(calls)])
-            mine.append((time.perf_counter() - t0) * 1e6 / calls if took else float("nan"))
-            plan.append((r, k, s))
-    every = [torch.empty(len(mine), dtype=torch.float64) for _ in range(n)]
-    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
-    if rank:
-        return None
-    mean = torch.nanmean(torch.stack(every), 0).tolist()
-    out: dict[str, list[list[float]]] = {f"stream_{k}": [] for k in STREAM_KINDS}
-    for (r, k, s), t in zip(plan, mean):
-        out[f"stream_{k}"].append([r, s, t])
-    return out
-
-
 def _busy(us: float, a: Any) -> None:
     """Compute for ``us`` µs (small matmuls), as a training step does between its collectives."""
     import torch
@@ -144,9 +105,12 @@ def _busy(us: float, a: Any) -> None:
 
 
 def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: float = 0.0, idle_us: float = 0.0,
-                sizes: tuple[int, ...] = SIZES) -> dict[str, list[list[float]]] | None:
+                sizes: tuple[int, ...] = SIZES, stream_calls: int = 0,
+                stream_sizes: tuple[int, ...] = STREAM_SIZES) -> dict[str, list[list[float]]] | None:
     """Every kind at every size: on rank 0 ``{kind: [[bytes, µs mean over the ranks taking
-    part], ...]}`` (all samples; an all-gather's bytes its whole result), None elsewhere."""
+    part], ...]}`` (all samples; an all-gather's bytes its whole result), with
+    ``stream_calls`` also ``{"stream_" + kind: [[round, bytes of one message, µs per call],
+    ...]}`` (:data:`STREAM_KINDS`, ``stream_calls`` calls in a row), None elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -154,17 +118,24 @@ def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: f
     groups = (dist.new_group([0, 1]), dist.new_group([2, 3])) if n >= 4 else ()
     kinds = KINDS + (("pair", "concurrent") if groups else ())
     every_size = sorted(set(sizes) | (set(PAIR_SIZES) if groups else set()))
+    every_size = sorted(set(every_size) | (set(stream_sizes) if stream_calls else set()))
     bufs = {s: (torch.ones(s // 4), [torch.empty(s // 4) for _ in range(n)]) for s in every_size}
     order = [(k, s) for k in KINDS for s in sizes] + [(k, s) for k in kinds[len(KINDS):] for s in PAIR_SIZES]
     for k, s in order[:: max(1, len(sizes) // 3)]:  # warm-up: connections, buffers, code paths
         for _ in range(warmup):
             dist.barrier()
             _collective(k, bufs[s][0], bufs[s][1], rank, n, groups)
+    if stream_calls:
+        order += [(f"stream_{k}", s) for k in STREAM_KINDS for s in stream_sizes]
+        for s in stream_sizes:
+            dist.barrier()
+            for _ in range(warmup):
+                _stream_call("p2p", bufs[s][0], bufs[s][1], rank, n)
     rng = random.Random(seed)  # the same order on every rank
     mat = torch.randn(64, 64)
     mine: list[float] = []
-    plan: list[tuple[str, int]] = []
-    for _ in range(rounds):
+    plan: list[tuple[int, str, int]] = []
+    for r in range(rounds):
         rng.shuffle(order)
         for k, s in order:
             for _ in range(reps):
@@ -174,17 +145,24 @@ def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: f
                 if compute_us:
                     _busy(compute_us, mat)
                 t0 = time.perf_counter()
-                took = _collective(k, bufs[s][0], bufs[s][1], rank, n, groups)
-                mine.append((time.perf_counter() - t0) * 1e6 if took else float("nan"))
-                plan.append((k, s))
+                if k.startswith("stream_"):  # back to back: the time per call
+                    took = all([_stream_call(k[7:], bufs[s][0], bufs[s][1], rank, n) for _ in range(stream_calls)])
+                    mine.append((time.perf_counter() - t0) * 1e6 / stream_calls if took else float("nan"))
+                else:
+                    took = _collective(k, bufs[s][0], bufs[s][1], rank, n, groups)
+                    mine.append((time.perf_counter() - t0) * 1e6 if took else float("nan"))
+                plan.append((r, k, s))
     every = [torch.empty(len(mine), dtype=torch.float64) for _ in range(n)]
     dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
     if rank:
         return None
     mean = torch.nanmean(torch.stack(every), 0).tolist()
     out: dict[str, list[list[float]]] = {k: [] for k in kinds}
-    for (k, s), t in zip(plan, mean):
-        out[k].append([s * n if k == "allgather" else s, t])
+    for (r, k, s), t in zip(plan, mean):
+        if k.startswith("stream_"):
+            out.setdefault(k, []).append([r, s, t])
+        else:
+            out[k].append([s * n if k == "allgather" else s, t])
     return out
 
 
@@ -252,25 +230,23 @@ def host_ops(reps: int, rounds: int, n: int, seed: int,
 
 def rank_samples(*, reps: int = 5, rounds: int = 6, warmup: int = 5, seed: int = 0, compute_us: float = 0.0,
                  idle_us: float = 0.0, host: bool = True, sizes: tuple[int, ...] = SIZES,
-                 host_sizes: tuple[int, ...] = HOST_SIZES, stream_rounds: int = 9, stream_calls: int = 8,
+                 host_sizes: tuple[int, ...] = HOST_SIZES, stream_calls: int = 8,
                  stream_sizes: tuple[int, ...] = STREAM_SIZES) -> dict | None:
     """The calibration's samples, in every rank of the default group; rank 0 gets
     ``{"world_size", "raw": {kind: [[bytes, µs], ...], "stream_" + kind: [[round, bytes, µs], ...]},
-    "function_us": [...], ...}``, others None. ``stream_rounds`` 0: no back-to-back samples."""
+    "function_us": [...], ...}``, others None. ``stream_calls`` 0: no back-to-back samples."""
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    raw = collectives(reps, rounds, warmup, seed, compute_us=compute_us, idle_us=idle_us, sizes=sizes)
-    st = streams(stream_rounds, stream_calls, warmup, seed, stream_sizes, idle_us) if stream_rounds else None
-    if raw is not None and st is not None:
-        raw |= st
+    raw = collectives(reps, rounds, warmup, seed, compute_us=compute_us, idle_us=idle_us, sizes=sizes,
+                      stream_calls=stream_calls, stream_sizes=stream_sizes)
     hraw, fn = host_ops(reps * 2, rounds, n, seed, host_sizes) if host and rank == 0 else ({}, [])
     dist.barrier()
     if raw is None:
         return None
     return {"world_size": n, "raw": raw | hraw, "function_us": fn, "reps": reps, "rounds": rounds,
             "idle_us": idle_us, "compute_us": compute_us,
-            "stream_rounds": stream_rounds, "stream_calls": stream_calls}
+            "stream_calls": stream_calls}
 
 
 def _spawned(rank: int, world: int, port: int, kw: dict, out: str) -> None:
