@@ -214,5 +214,6 @@ def test_back_to_back_per_call_in_halo_and_pipeline() -> None:
         Calibration(links, calls={2: {"p2p": PerCall(Cost(7, 0.5), (5, 7, 9), 9)}}).to_json())))
     assert back.calls[2]["p2p"] == PerCall(Cost(7, 0.5), (5.0, 7.0, 9.0), 9)
     assert back.per_call(8) == back.calls[2] and Calibration().per_call(2) == {}
-    with pytest.raises(ValueError):
-        read_calibration({"calls": {"1": {}}})
+    for bad in ({"calls": {"1": {}}}, {"calls": [1]}, {"calls": {"2": {"p2p": {"alpha_us": -1, "beta_us_per_byte": 0}}}}):
+        with pytest.raises(ValueError):
+            read_calibration(bad)

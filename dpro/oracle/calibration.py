@@ -402,6 +402,8 @@ def read_calibration(d: object) -> Calibration:
     ratio = topo.get("concurrent_ratio")
     ratio = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else None
     calls: dict[int, dict[str, PerCall]] = {}
+    if not isinstance(d.get("calls") or {}, dict):
+        raise ValueError("'oracle.calls' must be an object of process counts")
     for n, kinds in (d.get("calls") or {}).items():
         if not str(n).isdigit() or int(n) < 2 or not isinstance(kinds, dict):
             raise ValueError(f"'oracle.calls' keys are process counts >= 2 with an object each (got {n!r})")
