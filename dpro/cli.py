@@ -671,7 +671,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--oracle", is_flag=True,
               help="Write the platform file of `dpro oracle --platform` instead (gloo, docs/oracle.md): per process "
                    "count of --nprocs the all-reduce, all-gather and halo exchange (with a link's token-bucket burst "
-                   "when it has one), the host copies of examples/parallel/, and whether ranks share a link.")
+                   "when it has one), the per-call cost of back-to-back sends and halo exchanges (as a training step "
+                   "pays them), the host copies of examples/parallel/, and whether ranks share a link.")
 @click.option("--nprocs", default="2,4", show_default=True, metavar="N,N,...",
               help="--oracle: the process counts to measure at (a p-process prediction uses the largest <= p).")
 @click.option("--topology", type=click.Choice(["measure", "shared", "per-rank"]), default="measure", show_default=True,

@@ -218,7 +218,10 @@ def test_trace_without_shapes(run_cli, tmp_path: Path) -> None:
 
 def test_simulate() -> None:
     """--simulate: one group without overlap replays the analytical sum; GPipe's schedule
-    (hand-computed: stage 0 conv 40/80 µs per micro-batch, stage 1 fc 4/8, sends 20.24)."""
+    (hand-computed: stage 0 conv 40/80 µs per micro-batch, stage 1 fc 4/8, sends 20.24,
+    each blocking its sender as dist.send does: stage 0 FW m0 0-40, send 40-60.24, FW m1
+    -100.24, send -120.48; stage 1 FW m1 -124.48, BW m0 -132.48, send -152.72, BW m1
+    -160.72, send -180.96; stage 0 BW m0 152.72-232.72, BW m1 -312.72, update 3: 315.72)."""
     from dpro.oracle.simulate import simulate_prediction
 
     opts = Options(batch=B, micro=2)
@@ -226,7 +229,7 @@ def test_simulate() -> None:
         x = run(s, 2)
         assert simulate_prediction(two_layers(), x, PLAT, opts) == pytest.approx(x.iteration_us), s
     pipe = run("pipeline", 2, micro=2)
-    assert simulate_prediction(two_layers(), pipe, PLAT, opts) == pytest.approx(295.48)
+    assert simulate_prediction(two_layers(), pipe, PLAT, opts) == pytest.approx(315.72)
     # 2 data groups' layer-wise collectives queue on one link: no faster than one group alone
     df = run("data+filter", 4)
     assert simulate_prediction(two_layers(), df, PLAT, Options(batch=B)) >= df.compute_us + 71.04 / 2

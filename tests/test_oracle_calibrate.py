@@ -128,6 +128,8 @@ def test_calibrate_oracle_cli(run_cli, tmp_path: Path) -> None:
     assert d["format"] == "dpro-platform" and d["processes"] == 2 and d["cores"] >= 1
     links = d["oracle"]["links"]["2"]
     assert set(links) == {"allreduce", "allgather", "exchange"}
+    assert set(d["oracle"]["calls"]["2"]) == {"p2p", "exchange", "allreduce"} and "back to back" in text
+    assert d["oracle"]["calls"]["2"]["p2p"]["alpha_us"] > 0
     assert links["allreduce"]["alpha_us"] + links["allreduce"]["beta_us_per_byte"] > 0
     assert d["oracle"]["host"]["function_us"] > 0 and d["oracle"]["topology"]["links"] == "per-rank"
     assert len(d["samples"]) == len(SIZES)
@@ -144,3 +146,74 @@ def test_calibrate_oracle_bad_input(run_cli, tmp_path: Path, args: tuple[str, ..
     code, _, err = run_cli("calibrate", "--oracle", *args, "-o", tmp_path / "p.json")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "error" in err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_fit_of_back_to_back_calls() -> None:
+    """Back-to-back samples [[round, bytes, µs per call], ...]: per round the mean of the
+    samples' α (t less the wire time), α the median over the rounds (one slow round of
+    +5 ms does not move it), the rounds' spread; without an isolated fit, β by least
+    squares; a halo exchange at 4 processes sends each message to 2 neighbours, an
+    all-reduce 2(n-1)/n of it in 2(n-1) steps."""
+    from dpro.oracle.calibration import fit_stream, fit_streams
+
+    sizes = (1024, 8192, 32768, 131072)
+    rows = [[r, s, 300 + 0.001 * s + (5000 if r == 2 else 0)] for r in range(5) for s in sizes]
+    got = fit_stream(rows, 1, 1)
+    assert got.cost.beta == pytest.approx(0.001) and got.cost.alpha == pytest.approx(300)
+    plain = fit_stream(rows, 1, 1, Cost(0, 0.001))
+    assert plain.cost.alpha == pytest.approx(300) and plain.cost.beta == 0.001
+    assert plain.alpha_rounds == pytest.approx((300, 300, 5300)) and plain.rounds == 5
+    raw = {"stream_p2p": [[r, s, 300 + 0.001 * s] for r in range(3) for s in sizes],
+           "stream_exchange": [[r, s, 40 + 0.002 * 2 * s] for r in range(3) for s in sizes],
+           "stream_allreduce": [[r, s, 6 * 20 + 0.003 * 1.5 * s] for r in range(3) for s in sizes]}
+    st = fit_streams(4, raw)
+    assert st["p2p"].cost.alpha == pytest.approx(300) and st["p2p"].cost.beta == pytest.approx(0.001)
+    assert st["exchange"].cost.alpha == pytest.approx(40) and st["exchange"].cost.beta == pytest.approx(0.002)
+    assert st["allreduce"].cost.alpha == pytest.approx(20) and st["allreduce"].cost.beta == pytest.approx(0.003)
+    assert fit_stream([[0, 1024, float("nan")]], 1, 1) is None
+    # with the isolated calls' wire (BUCKET: 128 KiB at 1 ns/B, then 40 ns/B): 8 sends of
+    # 32 KiB in a row take 262 144 B, half of it beyond the bucket; α is what is left
+    burst = [[r, s, 250 + BUCKET.wire(8 * s) / 8] for r in range(3) for s in sizes]
+    assert BUCKET.wire(8 * 32768) / 8 == pytest.approx((131.072 + 0.04 * 131072) / 8)   # 671.744
+    b = fit_stream(burst, 1, 1, BUCKET, 8)
+    assert b.cost == Cost(pytest.approx(250), 0.04, 131072, 0.001)
+    st = fit_streams(2, {"stream_p2p": burst}, {"allreduce": BUCKET}, 8)
+    assert st["p2p"].cost.alpha == pytest.approx(250) and st["p2p"].alpha_rounds == pytest.approx((250,) * 3)
+
+
+def test_back_to_back_per_call_in_halo_and_pipeline() -> None:
+    """The halo exchange and the pipeline send pay the back-to-back calls' α and the
+    isolated calls' wire time (two-layer network, B = 8, hand-computed): spatial at 2,
+    halo 8 x 32 B per exchange; pipeline at 2 with 2 micro-batches, 2(p + S - 2) = 4
+    sends of 4 x 256 B. Without back-to-back samples: the isolated α as before."""
+    from dpro.oracle.calibration import PerCall
+    from dpro.oracle.formulas import HALO, P2P
+    from dpro.oracle.simulate import simulate_prediction
+
+    links = {2: {"allreduce": Cost(10, 0.01), "exchange": Cost(50, 0.05)}}
+    calls = {2: {"p2p": PerCall(Cost(7, 0.5)), "exchange": PerCall(Cost(3, 0.9))}}
+    plat = Platform(10.0, 0.01, calibration=Calibration(links, calls=calls))
+    old = Platform(10.0, 0.01, calibration=Calibration(links))
+    link = link_of(plat, 2)
+    assert link.exchange(1, 256) == pytest.approx(3 + 0.05 * 256)        # α back to back, β isolated
+    assert link.p2p(1024) == pytest.approx(7 + 0.01 * 1024)              # the all-reduce's wire
+    assert link_of(old, 2).p2p(1024) == pytest.approx(10 + 0.01 * 1024)  # a ring step's α
+    sp = predict(two_layers(), "spatial", 2, plat, Options(batch=B))
+    assert sp.communication_us[HALO] == pytest.approx(2 * (3 + 0.05 * 256))              # 31.6
+    assert predict(two_layers(), "spatial", 2, old, Options(batch=B)).communication_us[HALO] == pytest.approx(
+        2 * (50 + 0.05 * 256))
+    opts = Options(batch=B, micro=2)
+    pipe = predict(two_layers(), "pipeline", 2, plat, opts)
+    assert pipe.communication_us[P2P] == pytest.approx(4 * (7 + 10.24))                   # 68.96
+    # GPipe simulated (tests/test_oracle.py test_simulate: 315.72 with 20.24 per send):
+    # three sends on the critical path (stage 0's two, stage 1's first gradient), each 3 µs cheaper
+    assert simulate_prediction(two_layers(), pipe, plat, opts) == pytest.approx(315.72 - 3 * 3)
+    assert simulate_prediction(two_layers(), sp, plat, Options(batch=B)) == pytest.approx(sp.iteration_us)
+    # the file keeps them, and the spread
+    back = read_calibration(json.loads(json.dumps(
+        Calibration(links, calls={2: {"p2p": PerCall(Cost(7, 0.5), (5, 7, 9), 9)}}).to_json())))
+    assert back.calls[2]["p2p"] == PerCall(Cost(7, 0.5), (5.0, 7.0, 9.0), 9)
+    assert back.per_call(8) == back.calls[2] and Calibration().per_call(2) == {}
+    for bad in ({"calls": {"1": {}}}, {"calls": [1]}, {"calls": {"2": {"p2p": {"alpha_us": -1, "beta_us_per_byte": 0}}}}):
+        with pytest.raises(ValueError):
+            read_calibration(bad)

@@ -8,7 +8,10 @@ Variants: ``α, β only`` (the 2-process all-reduce fit, as before the calibrati
 ``+ links, no bucket`` (the collectives per process count: all-reduce, all-gather, halo
 exchange, as α + βS), ``+ links`` (with the token bucket the calibration found, if any),
 ``+ host`` (the full calibration, its topology), ``+ host, <the other topology>``,
-``+ host, no contention`` (φ = 1). Error = (predicted − measured) / measured.
+``+ host, no contention`` (φ = 1), ``+ host, isolated α`` (the full calibration without
+its back-to-back calls: halo exchanges and pipeline sends charged the per-call α of
+isolated calls after a barrier, as before #29's third session; the variants above
+``+ host`` have none either). Error = (predicted − measured) / measured.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
         "+ links": dataclasses.replace(full, calibration=Calibration(cal.links, HostCosts(), cal.topology)),
         "+ host": full,
         f"+ host, {other}": dataclasses.replace(full, calibration=dataclasses.replace(cal, topology=other)),
+        "+ host, isolated α": dataclasses.replace(full, calibration=dataclasses.replace(cal, calls={})),
     }
     preds: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
     full_res = None

@@ -32,11 +32,13 @@ def main() -> None:
     p.add_argument("--no-host", action="store_true", help="collectives only")
     p.add_argument("--compute-us", type=float, default=0.0, help="compute before every timed call (µs)")
     p.add_argument("--idle-us", type=float, default=8000.0, help="idle before every timed call (µs)")
+    p.add_argument("--stream-calls", type=int, default=8, help="calls in a row per back-to-back sample (0: none)")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     got = rank_samples(reps=args.reps, rounds=args.rounds, warmup=args.warmup, seed=args.seed,
-                       compute_us=args.compute_us, idle_us=args.idle_us, host=not args.no_host)
+                       compute_us=args.compute_us, idle_us=args.idle_us, host=not args.no_host,
+                       stream_calls=args.stream_calls)
     if got is not None:
         Path(args.out).write_text(json.dumps(got))
     dist.destroy_process_group()

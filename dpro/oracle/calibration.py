@@ -8,7 +8,9 @@ dpro/oracle/measure.py's samples; never from the runs it is checked against)::
                                "allgather": {...}, "exchange": {...}}, "4": {...}},
                "host": {"cat": {"alpha_us", "beta_us_per_byte"}, "slice": {...}, "clone": {...},
                         "zeros": {...}, "function_us": 41.0},
-               "topology": {"links": "shared" | "per-rank", "concurrent_ratio": 1.9, "source": "measured"}}
+               "topology": {"links": "shared" | "per-rank", "concurrent_ratio": 1.9, "source": "measured"},
+               "calls": {"2": {"p2p": {"alpha_us", "beta_us_per_byte", "alpha_rounds_us": [lo, median, hi],
+                                       "rounds": 9}, "exchange": {...}, "allreduce": {...}}, "4": {...}}}
 
 ``links[n]``: measured in a job of n processes. A collective's time is its per-call α
 times its calls (ring steps) plus the wire time of the bytes one rank sends, S:
@@ -23,13 +25,21 @@ makes around its collectives, and one autograd.Function's forward + backward (µ
 per host: the contention penalty applies) or every rank has its own (per-rank capped
 links: it does not). Every fit is non-negative least squares over all samples, each
 size's extremes trimmed (:func:`_fit`).
+
+``calls[n]``: the per-call cost of **back-to-back** calls at n processes (measure.py's
+``stream_*`` samples: no barrier or idle between calls, as a step's halo exchanges and
+pipeline sends follow each other): ``p2p`` (a blocking send/recv pair), ``exchange``,
+``allreduce``; α: the median over the rounds of a round's mean per-call time less the
+wire time of the isolated calls' fit (:func:`fit_stream`), with the rounds' spread. The formulas
+charge a halo exchange and a pipeline send this α (:meth:`Calibration.per_call`) and the
+wire time W of the isolated calls' fit (which holds the token bucket and its refill).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -83,6 +93,20 @@ class HostCosts:
         return {k: getattr(self, k).to_json() for k in HOST_OPS} | {"function_us": self.function_us}
 
 
+@dataclass(frozen=True, slots=True)
+class PerCall:
+    """Back-to-back calls of one kind: ``cost`` (α per call, β per byte sent) fitted to the
+    median over ``rounds`` rounds; ``alpha_rounds``: (lowest, median, highest) α of the
+    rounds fitted one by one (the spread)."""
+
+    cost: Cost
+    alpha_rounds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    rounds: int = 0
+
+    def to_json(self) -> dict:
+        return self.cost.to_json() | {"alpha_rounds_us": list(self.alpha_rounds), "rounds": self.rounds}
+
+
 @dataclass
 class Calibration:
     """Per world size, the collectives' costs; the host costs; whether collectives of
@@ -93,6 +117,15 @@ class Calibration:
     topology: str = "shared"
     #: measured: a pair's all-reduce with another pair's at once over it alone (None: declared)
     concurrent_ratio: float | None = None
+    #: per world size, back-to-back calls' costs ("p2p", "exchange", "allreduce"; empty: not measured)
+    calls: dict[int, dict[str, PerCall]] = field(default_factory=dict)
+
+    def per_call(self, world: int) -> dict[str, PerCall]:
+        """The back-to-back costs at ``world`` processes (the same choice of world as :meth:`link`)."""
+        if not self.calls:
+            return {}
+        below = [n for n in self.calls if n <= world]
+        return self.calls[max(below) if below else min(self.calls)]
 
     def link(self, world: int) -> dict[str, Cost] | None:
         """The costs measured at ``world`` processes, else at the largest smaller world,
@@ -106,7 +139,9 @@ class Calibration:
         return {"links": {str(n): {k: c.to_json() for k, c in d.items()} for n, d in sorted(self.links.items())},
                 "host": self.host.to_json(),
                 "topology": {"links": self.topology, "concurrent_ratio": self.concurrent_ratio,
-                             "source": "declared" if self.concurrent_ratio is None else "measured"}}
+                             "source": "declared" if self.concurrent_ratio is None else "measured"}} | (
+            {"calls": {str(n): {k: c.to_json() for k, c in d.items()} for n, d in sorted(self.calls.items())}}
+            if self.calls else {})
 
 
 #: a pair's all-reduce next to another pair's this many times slower than alone: they share a link
@@ -202,6 +237,74 @@ def fit_collectives(world: int, raw: dict[str, list[list[float]]], burst: bool =
     return out
 
 
+STREAMS = ("p2p", "exchange", "allreduce")
+
+
+def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | None = None,
+               calls: int = 1) -> PerCall | None:
+    """The per-call cost of back-to-back samples ``[[round, bytes, µs per call], ...]``
+    (measure.py: ``calls`` calls in a row, each ``steps`` ring steps sending
+    S = ``steps * bytes / per`` bytes).
+
+    Each sample's α is what is left of it after the wire time, ``(t - W(calls·S)/calls) /
+    steps``, W the isolated calls' fit ``wire`` of the same kind (its β and token bucket,
+    which a stream drains from full), else βS by least squares over the samples. Per
+    round, the mean of its samples' α (pooled over the sizes, the ``TRIM`` share at each
+    end dropped: a step pays the mean); α = the **median over the rounds**, the spread
+    (lowest, median, highest round). β and the bucket: those of W. None without samples."""
+    pts = [(int(r), float(b), float(t)) for r, b, t in rows if t == t]
+    if not pts:
+        return None
+    if wire is None:
+        S = np.array([steps * b / per for _, b, _ in pts])
+        (_, beta), _ = _nnls(np.column_stack([np.full_like(S, steps), S]), np.array([t for *_, t in pts]))
+        wire = Cost(0.0, float(beta))
+    by: dict[int, list[float]] = {}
+    for r, b, t in pts:
+        by.setdefault(r, []).append((t - wire.wire(calls * steps * b / per) / calls) / steps)
+    means = []
+    for v in by.values():
+        v = sorted(v)
+        k = int(len(v) * TRIM)
+        means.append(float(np.mean(v[k:len(v) - k] if len(v) > 2 * k else v)))
+    means.sort()
+    alpha = max(0.0, statistics.median(means))
+    return PerCall(replace(wire, alpha=alpha), (means[0], statistics.median(means), means[-1]), len(means))
+
+
+def fit_streams(world: int, raw: dict[str, list[list[float]]], links: dict[str, Cost] | None = None,
+                calls: int = 1) -> dict[str, PerCall]:
+    """The back-to-back costs of ``raw``'s ``stream_*`` samples at ``world`` processes
+    (``p2p``: one message to one peer; the others shaped as :func:`shape`), each with the
+    wire time of the isolated calls in ``links`` (a p2p send: the all-reduce's, per byte
+    sent) when given."""
+    links = links or {}
+    out = {}
+    for k in STREAMS:
+        rows = raw.get(f"stream_{k}")
+        if rows:
+            steps, per = (1.0, 1.0) if k == "p2p" else shape(k, world)
+            got = fit_stream(rows, steps, per * steps, links.get("allreduce" if k == "p2p" else k), calls)
+            if got is not None:
+                out[k] = got
+    return out
+
+
+def with_per_call(links: dict[str, Cost], calls: dict[str, PerCall]) -> dict[str, Cost]:
+    """The isolated calls' costs with the per-call α of back-to-back calls where measured:
+    the halo ``exchange`` gets the streamed exchange's α, and a ``send`` (pipeline P2P,
+    added) the streamed p2p's α with the all-reduce's wire time (a ring step is such a
+    send; its W holds the token bucket). Without an isolated cost, the streamed one."""
+    out = dict(links)
+    if "exchange" in calls:
+        ex = links.get("exchange")
+        out["exchange"] = replace(ex, alpha=calls["exchange"].cost.alpha) if ex else calls["exchange"].cost
+    if "p2p" in calls:
+        ar = links.get("allreduce")
+        out["send"] = replace(ar, alpha=calls["p2p"].cost.alpha) if ar else calls["p2p"].cost
+    return out
+
+
 def topology_of(raw: dict[str, list[list[float]]]) -> tuple[str, float] | None:
     """("shared" | "per-rank", ratio) from the ``pair`` and ``concurrent`` samples: the
     median over sizes of a pair's all-reduce next to another pair's over it alone; two
@@ -234,6 +337,8 @@ def calibration_of(samples: dict[int, dict], topology: str = "measure") -> Calib
     cal = Calibration()
     for n, d in sorted(samples.items()):
         cal.links[n] = fit_collectives(n, d["raw"])
+        if got := fit_streams(n, d["raw"], cal.links[n], int(d.get("stream_calls", 1))):
+            cal.calls[n] = got
         if cal.host == HostCosts() and d.get("function_us"):
             cal.host = fit_host(d["raw"], d["function_us"])
     if topology == "measure":
@@ -296,4 +401,18 @@ def read_calibration(d: object) -> Calibration:
         raise ValueError("'oracle.topology' must be {\"links\": \"shared\" | \"per-rank\"}")
     ratio = topo.get("concurrent_ratio")
     ratio = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else None
-    return Calibration(links, hc, topo.get("links", "shared"), ratio)
+    calls: dict[int, dict[str, PerCall]] = {}
+    if not isinstance(d.get("calls") or {}, dict):
+        raise ValueError("'oracle.calls' must be an object of process counts")
+    for n, kinds in (d.get("calls") or {}).items():
+        if not str(n).isdigit() or int(n) < 2 or not isinstance(kinds, dict):
+            raise ValueError(f"'oracle.calls' keys are process counts >= 2 with an object each (got {n!r})")
+        calls[int(n)] = {}
+        for k, v in kinds.items():
+            if k in STREAMS:
+                lo = v.get("alpha_rounds_us") if isinstance(v, dict) else None
+                ok = isinstance(lo, list) and len(lo) == 3 and all(isinstance(x, (int, float)) for x in lo)
+                r = v.get("rounds", 0)
+                calls[int(n)][k] = PerCall(_cost(v), tuple(float(x) for x in lo) if ok else (0.0, 0.0, 0.0),
+                                           r if isinstance(r, int) and not isinstance(r, bool) else 0)
+    return Calibration(links, hc, topo.get("links", "shared"), ratio, calls)

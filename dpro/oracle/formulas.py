@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from dpro.oracle.calibration import Cost, HostCosts
+from dpro.oracle.calibration import Cost, HostCosts, with_per_call
 from dpro.oracle.layers import CHANNELWISE, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
 
@@ -32,13 +32,15 @@ class Link:
     the wire time of the bytes one rank sends (:class:`Cost`; on a link with a token
     bucket, its burst as refilled in the ``refill_us`` between two collectives at the
     capped rate); ``gather`` and ``exch``: the all-gather's and the halo exchange's costs
-    when calibrated apart (dpro/oracle/calibration.py), else the all-reduce's."""
+    when calibrated apart (dpro/oracle/calibration.py), else the all-reduce's; ``send``:
+    a pipeline P2P's (the per-call α of back-to-back send/recv pairs), else the all-reduce's."""
 
     ar: Cost
     phi: float = 1.0
     gather: Cost | None = None
     exch: Cost | None = None
     refill_us: float = math.inf
+    send: Cost | None = None
 
     def _t(self, c: Cost, calls: float, sent: float) -> float:
         return calls * c.alpha + self.phi * c.wire(sent, self.refill_us)
@@ -50,8 +52,9 @@ class Link:
         return self._t(self.gather or self.ar, n - 1, (n - 1) * m / n) if n > 1 else 0.0
 
     def p2p(self, m: float) -> float:
-        """One blocking send to one peer: a ring step's cost (ParaDL's P2P)."""
-        return self._t(self.ar, 1, m)
+        """One blocking send to one peer (ParaDL's P2P): the calibrated back-to-back send's
+        cost when there is one, else a ring step's."""
+        return self._t(self.send or self.ar, 1, m)
 
     def exchange(self, nb: int, m: float) -> float:
         """One halo exchange of m bytes with each of ``nb`` neighbours: measured as one
@@ -66,7 +69,7 @@ class Link:
     @property
     def bursty(self) -> bool:
         """A token bucket on any of the costs (its refill depends on the gaps between collectives)."""
-        return any(c is not None and c.burst > 0 for c in (self.ar, self.gather, self.exch))
+        return any(c is not None and c.burst > 0 for c in (self.ar, self.gather, self.exch, self.send))
 
     def shared(self, phi: float) -> Link:
         return replace(self, phi=max(1.0, phi))
@@ -77,12 +80,15 @@ class Link:
 
 def link_of(platform: Platform, devices: int) -> Link:
     """The link of a job of ``devices`` processes: the calibration measured at that
-    process count (dpro/oracle/calibration.py) when the platform has one, else α, β."""
+    process count (dpro/oracle/calibration.py) when the platform has one, else α, β; the
+    halo exchange and the pipeline send with the per-call α of back-to-back calls where
+    the calibration measured them (:func:`calibration.with_per_call`)."""
     flat = Cost(platform.alpha_us, platform.beta_us_per_byte)
     got = platform.calibration.link(devices)
     if not got:
         return Link(flat)
-    return Link(got.get("allreduce") or flat, 1.0, got.get("allgather"), got.get("exchange"))
+    got = with_per_call(got, platform.calibration.per_call(devices))
+    return Link(got.get("allreduce") or flat, 1.0, got.get("allgather"), got.get("exchange"), send=got.get("send"))
 
 
 # ---------------------------------------------------------------- host work around collectives

@@ -22,6 +22,17 @@ stay idle ``idle_us`` (a token bucket on the link refills, as it does during a t
 step's compute: calibration.fit_collectives then sees its burst), then meet at a barrier
 (idle after it, each rank's own wake-up would be in the call's time);
 a collective's sample is the mean over the ranks taking part of one call.
+
+**Back-to-back calls** (``stream_calls`` > 0, the ``stream_*`` samples): a training step
+pays its halo exchanges and pipeline sends one after another, without a barrier between
+them. Such a sample is ``stream_calls`` calls in a row after the same idle and barrier,
+divided by ``stream_calls``, for ``stream_p2p`` (blocking send/recv pairs 0→1, 2→3, ...:
+the pipeline's ``dist.send`` / ``dist.recv``, the blocking forms of isend/irecv),
+``stream_exchange`` (the halo exchange) and ``stream_allreduce`` (a collective, for
+comparison), at :data:`STREAM_SIZES`. They are items of the same shuffled rounds as the
+isolated calls, so that they sample the host over the whole calibration (the shared VM
+has slow and fast spells of seconds: samples taken in one block of 2 s moved 2-3x between
+launches); calibration.fit_stream takes the median over the rounds.
 """
 
 from __future__ import annotations
@@ -43,6 +54,9 @@ HOST_SIZES = (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 KINDS = ("allreduce", "allgather", "exchange")
 #: the topology probe's sizes: large, so that the wire (not the per-call overhead) decides
 PAIR_SIZES = (1 << 19, 1 << 20, 1 << 21)
+#: back-to-back calls (``stream_calls``): the sizes of halo rows and pipeline activations (bytes)
+STREAM_SIZES = (1 << 10, 1 << 13, 1 << 15, 1 << 17)
+STREAM_KINDS = ("p2p", "exchange", "allreduce")
 
 
 def _collective(kind: str, t: Any, parts: list, rank: int, n: int, groups: tuple) -> bool:
@@ -66,6 +80,21 @@ def _collective(kind: str, t: Any, parts: list, rank: int, n: int, groups: tuple
     return True
 
 
+def _stream_call(kind: str, t: Any, parts: list, rank: int, n: int) -> bool:
+    """One call of a back-to-back stream; False when this rank takes no part."""
+    import torch.distributed as dist
+
+    if kind == "p2p":  # pairs 0->1, 2->3, ...: the pipeline's blocking send / recv
+        if rank % 2 == 0 and rank + 1 < n:
+            dist.send(t, rank + 1)
+        elif rank % 2:
+            dist.recv(parts[0], rank - 1)
+        else:
+            return False
+        return True
+    return _collective(kind, t, parts, rank, n, ())
+
+
 def _busy(us: float, a: Any) -> None:
     """Compute for ``us`` µs (small matmuls), as a training step does between its collectives."""
     import torch
@@ -76,9 +105,12 @@ def _busy(us: float, a: Any) -> None:
 
 
 def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: float = 0.0, idle_us: float = 0.0,
-                sizes: tuple[int, ...] = SIZES) -> dict[str, list[list[float]]] | None:
+                sizes: tuple[int, ...] = SIZES, stream_calls: int = 0,
+                stream_sizes: tuple[int, ...] = STREAM_SIZES) -> dict[str, list[list[float]]] | None:
     """Every kind at every size: on rank 0 ``{kind: [[bytes, µs mean over the ranks taking
-    part], ...]}`` (all samples; an all-gather's bytes its whole result), None elsewhere."""
+    part], ...]}`` (all samples; an all-gather's bytes its whole result), with
+    ``stream_calls`` also ``{"stream_" + kind: [[round, bytes of one message, µs per call],
+    ...]}`` (:data:`STREAM_KINDS`, ``stream_calls`` calls in a row), None elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -86,17 +118,24 @@ def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: f
     groups = (dist.new_group([0, 1]), dist.new_group([2, 3])) if n >= 4 else ()
     kinds = KINDS + (("pair", "concurrent") if groups else ())
     every_size = sorted(set(sizes) | (set(PAIR_SIZES) if groups else set()))
+    every_size = sorted(set(every_size) | (set(stream_sizes) if stream_calls else set()))
     bufs = {s: (torch.ones(s // 4), [torch.empty(s // 4) for _ in range(n)]) for s in every_size}
     order = [(k, s) for k in KINDS for s in sizes] + [(k, s) for k in kinds[len(KINDS):] for s in PAIR_SIZES]
     for k, s in order[:: max(1, len(sizes) // 3)]:  # warm-up: connections, buffers, code paths
         for _ in range(warmup):
             dist.barrier()
             _collective(k, bufs[s][0], bufs[s][1], rank, n, groups)
+    if stream_calls:
+        order += [(f"stream_{k}", s) for k in STREAM_KINDS for s in stream_sizes]
+        for s in stream_sizes:
+            dist.barrier()
+            for _ in range(warmup):
+                _stream_call("p2p", bufs[s][0], bufs[s][1], rank, n)
     rng = random.Random(seed)  # the same order on every rank
     mat = torch.randn(64, 64)
     mine: list[float] = []
-    plan: list[tuple[str, int]] = []
-    for _ in range(rounds):
+    plan: list[tuple[int, str, int]] = []
+    for r in range(rounds):
         rng.shuffle(order)
         for k, s in order:
             for _ in range(reps):
@@ -106,17 +145,24 @@ def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: f
                 if compute_us:
                     _busy(compute_us, mat)
                 t0 = time.perf_counter()
-                took = _collective(k, bufs[s][0], bufs[s][1], rank, n, groups)
-                mine.append((time.perf_counter() - t0) * 1e6 if took else float("nan"))
-                plan.append((k, s))
+                if k.startswith("stream_"):  # back to back: the time per call
+                    took = all([_stream_call(k[7:], bufs[s][0], bufs[s][1], rank, n) for _ in range(stream_calls)])
+                    mine.append((time.perf_counter() - t0) * 1e6 / stream_calls if took else float("nan"))
+                else:
+                    took = _collective(k, bufs[s][0], bufs[s][1], rank, n, groups)
+                    mine.append((time.perf_counter() - t0) * 1e6 if took else float("nan"))
+                plan.append((r, k, s))
     every = [torch.empty(len(mine), dtype=torch.float64) for _ in range(n)]
     dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
     if rank:
         return None
     mean = torch.nanmean(torch.stack(every), 0).tolist()
     out: dict[str, list[list[float]]] = {k: [] for k in kinds}
-    for (k, s), t in zip(plan, mean):
-        out[k].append([s * n if k == "allgather" else s, t])
+    for (r, k, s), t in zip(plan, mean):
+        if k.startswith("stream_"):
+            out.setdefault(k, []).append([r, s, t])
+        else:
+            out[k].append([s * n if k == "allgather" else s, t])
     return out
 
 
@@ -184,19 +230,23 @@ def host_ops(reps: int, rounds: int, n: int, seed: int,
 
 def rank_samples(*, reps: int = 5, rounds: int = 6, warmup: int = 5, seed: int = 0, compute_us: float = 0.0,
                  idle_us: float = 0.0, host: bool = True, sizes: tuple[int, ...] = SIZES,
-                 host_sizes: tuple[int, ...] = HOST_SIZES) -> dict | None:
+                 host_sizes: tuple[int, ...] = HOST_SIZES, stream_calls: int = 8,
+                 stream_sizes: tuple[int, ...] = STREAM_SIZES) -> dict | None:
     """The calibration's samples, in every rank of the default group; rank 0 gets
-    ``{"world_size", "raw": {kind: [[bytes, µs], ...]}, "function_us": [...], ...}``, others None."""
+    ``{"world_size", "raw": {kind: [[bytes, µs], ...], "stream_" + kind: [[round, bytes, µs], ...]},
+    "function_us": [...], ...}``, others None. ``stream_calls`` 0: no back-to-back samples."""
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    raw = collectives(reps, rounds, warmup, seed, compute_us=compute_us, idle_us=idle_us, sizes=sizes)
+    raw = collectives(reps, rounds, warmup, seed, compute_us=compute_us, idle_us=idle_us, sizes=sizes,
+                      stream_calls=stream_calls, stream_sizes=stream_sizes)
     hraw, fn = host_ops(reps * 2, rounds, n, seed, host_sizes) if host and rank == 0 else ({}, [])
     dist.barrier()
     if raw is None:
         return None
     return {"world_size": n, "raw": raw | hraw, "function_us": fn, "reps": reps, "rounds": rounds,
-            "idle_us": idle_us, "compute_us": compute_us}
+            "idle_us": idle_us, "compute_us": compute_us,
+            "stream_calls": stream_calls}
 
 
 def _spawned(rank: int, world: int, port: int, kw: dict, out: str) -> None:

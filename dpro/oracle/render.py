@@ -55,6 +55,12 @@ def print_calibration(d: dict, output: Path) -> None:
                      if c.get("burst_bytes") else "")
             click.echo(f"  {n} processes {k:<9}: alpha {c['alpha_us']:8.1f} us per call, "
                        f"beta {c['beta_us_per_byte'] * 1e3:7.3f} ns per byte sent{burst}")
+    for n, kinds in (cal.get("calls") or {}).items():
+        for k, c in kinds.items():
+            lo, mid, hi = c["alpha_rounds_us"]
+            click.echo(f"  {n} processes {k:<9}: back to back: alpha {c['alpha_us']:8.1f} us per call "
+                       f"(rounds {lo:.0f}-{hi:.0f}, median {mid:.0f}, {c['rounds']} rounds), "
+                       f"beta {c['beta_us_per_byte'] * 1e3:7.3f} ns per byte sent")
     h = cal["host"]
     click.echo("  host: " + ", ".join(f"{k} {h[k]['alpha_us']:.1f} us + {h[k]['beta_us_per_byte'] * 1e3:.3f} ns/B"
                                       for k in ("cat", "slice", "clone", "zeros")) +

@@ -14,7 +14,9 @@ ordering and overlap are simulated:
   formulas express with φ) — with contention off, or on a platform whose ranks have
   links of their own (the calibration's topology "per-rank"), one link per group;
 * pipeline: one device per stage, GPipe order (all micro-batches forward, then all
-  backward), one point-to-point link per pair of neighbouring stages.
+  backward), each send a blocking op of the sending stage (``dist.send``), in program
+  order (before #29's third session: on a link of its own, overlapping the stage's next
+  compute, which the implementation does not do).
 
 Collective durations are the formulas' ring costs without φ (on a link with a token
 bucket, refilled as the analytical prediction's ``refill_us`` says). Device counts above
@@ -175,6 +177,10 @@ def _layered(m: ModelProfile, pr: Prediction, link: Link, B: int, contention: bo
 
 
 def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: float) -> float:
+    """GPipe as examples/parallel/strategies.gpipe_step runs it: per stage, every
+    micro-batch forward (receive, compute, send), then every micro-batch backward; a send
+    is ``dist.send``, which **blocks its stage** until the message is out, so it runs on
+    the sending stage's device, in program order, and its receiver waits for it."""
     p, S = pr.devices, pr.grid["micro_batches"]
     groups = stages(m, p)
     if not groups:
@@ -182,32 +188,32 @@ def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: flo
     b = B / S
     gb = GraphBuilder()
     dev = [gb.add_device(f"stage{i}", owner=f"stage{i}", is_comm=False) for i in range(p)]
-    net = [gb.add_device(f"p2p{i}", owner="net", is_comm=True) for i in range(p - 1)]
     fw_t = [slowdown * sum(x.fw_us * b + x.fw_call_us for x in st) for st in groups]
     bw_t = [slowdown * sum(x.bw_us * b + x.bw_call_us for x in st) for st in groups]
-    fw: dict[tuple[int, int], int] = {}
+    last: list[int | None] = [None] * p  # each stage's previous op: program order
+
+    def op(i: int, name: str, dur: float, cat: str, prio: float, after: list[int]) -> int:
+        k = gb.add_op(name, dur=dur, cat=cat, device=dev[i], prio=prio)
+        for a in after + ([last[i]] if last[i] is not None else []):
+            gb.add_edge(a, k)
+        last[i] = k
+        return k
+
+    sent: dict[tuple[int, int], int] = {}
     for j in range(S):
         for i in range(p):
-            fw[i, j] = gb.add_op(f"FW s{i} m{j}", dur=fw_t[i], cat="FW", device=dev[i], prio=float(j))
-            if i:
-                send = gb.add_op(f"send s{i - 1} m{j}", dur=link.p2p(b * groups[i - 1][-1].y_bytes), cat="COMM",
-                                 device=net[i - 1], prio=float(j))
-                gb.add_edge(fw[i - 1, j], send)
-                gb.add_edge(send, fw[i, j])
-    bw: dict[tuple[int, int], int] = {}
+            f = op(i, f"FW s{i} m{j}", fw_t[i], "FW", float(j), [sent[i - 1, j]] if i else [])
+            if i < p - 1:
+                sent[i, j] = op(i, f"send s{i} m{j}", link.p2p(b * groups[i][-1].y_bytes), "COMM", float(j), [f])
+    grad: dict[tuple[int, int], int] = {}
     for j in range(S):
         for i in reversed(range(p)):
-            bw[i, j] = gb.add_op(f"BW s{i} m{j}", dur=bw_t[i], cat="BW", device=dev[i], prio=float(S + j))
-            gb.add_edge(fw[i, S - 1], bw[i, j])  # GPipe: backward after every forward
-            if i < p - 1:
-                send = gb.add_op(f"send grad s{i + 1} m{j}", dur=link.p2p(b * groups[i][-1].y_bytes), cat="COMM",
-                                 device=net[i], prio=float(S + j))
-                gb.add_edge(bw[i + 1, j], send)
-                gb.add_edge(send, bw[i, j])
+            g = op(i, f"BW s{i} m{j}", bw_t[i], "BW", float(S + j), [grad[i + 1, j]] if i < p - 1 else [])
+            if i:
+                grad[i, j] = op(i, f"send grad s{i} m{j}", link.p2p(b * groups[i - 1][-1].y_bytes), "COMM",
+                                float(S + j), [g])
     for i in range(p):
-        u = gb.add_op(f"UPDATE s{i}", dur=slowdown * (sum(x.wu_us for x in groups[i]) + m.overhead_us), cat="UPDATE",
-                      device=dev[i], prio=float(2 * S))
-        gb.add_edge(bw[i, S - 1], u)
+        op(i, f"UPDATE s{i}", slowdown * (sum(x.wu_us for x in groups[i]) + m.overhead_us), "UPDATE", float(2 * S), [])
     return simulate(gb.compile()).makespan
 
 
