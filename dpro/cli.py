@@ -273,8 +273,9 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
 @click.option("--mxnet-unbulk", is_flag=True,
               help="MXNet: turn operator bulking off in the window, so that each op of the block is its own event "
                    "(layers and op classes for op fusion, the AMP what-if, per-op replay). It changes the job: "
-                   "pushes then leave op by op, and the window runs slower. Default: bulking kept, the job runs "
-                   "as unprofiled and a bulked segment is one op (docs/profiling.md).")
+                   "pushes then leave op by op, and the window runs at another pace than the job (faster or "
+                   "slower). Default: bulking kept, the job runs as unprofiled and a bulked segment is one op "
+                   "(docs/profiling.md).")
 @click.option("--mxnet-keep-bulking", is_flag=True,
               help="MXNet: accepted for old scripts; keeping bulking is now the default (the flag does nothing).")
 @click.option("--shapes/--no-shapes", "record_shapes", default=None,
