@@ -270,10 +270,14 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
               help="After the window, time the model's blocks eagerly and compiled (PyTorch: each block under "
                    "torch.compile, tens of seconds per distinct block; TensorFlow: the model's forward + backward "
                    "with and without XLA), so that `dpro optimize` prices op fusion by measurement.")
+@click.option("--mxnet-unbulk", is_flag=True,
+              help="MXNet: turn operator bulking off in the window, so that each op of the block is its own event "
+                   "(layers and op classes for op fusion, the AMP what-if, per-op replay). It changes the job: "
+                   "pushes then leave op by op, and the window runs at another pace than the job (faster or "
+                   "slower). Default: bulking kept, the job runs as unprofiled and a bulked segment is one op "
+                   "(docs/profiling.md).")
 @click.option("--mxnet-keep-bulking", is_flag=True,
-              help="MXNet: keep operator bulking in the window, so the job communicates as it does unprofiled "
-                   "(a bulked segment is then one op). Off by default: the window runs unbulked to see each op, "
-                   "which can change a parameter-server job's pace (docs/profiling.md).")
+              help="MXNet: accepted for old scripts; keeping bulking is now the default (the flag does nothing).")
 @click.option("--shapes/--no-shapes", "record_shapes", default=None,
               help="PyTorch: record every op's input shapes (torch.profiler record_shapes), which `dpro oracle` "
                    "needs for its layer sizes. Default: off (it slows the profiled steps; docs/profiling.md).")
@@ -281,8 +285,8 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
               help="PyTorch: record every allocation and free in the window (torch.profiler profile_memory), "
                    "for the allocation-based memory estimates (docs/memory.md). Default: off.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_keep_bulking: bool,
-            record_shapes: bool | None, profile_memory: bool | None, command: tuple[str, ...]) -> None:
+def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_unbulk: bool,
+            mxnet_keep_bulking: bool, record_shapes: bool | None, profile_memory: bool | None, command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -303,8 +307,13 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
 
     if warmup < 0 or steps < 1:
         raise click.BadParameter("need --warmup >= 0 and --steps >= 1")
+    if mxnet_keep_bulking:
+        if mxnet_unbulk:
+            raise click.BadParameter("--mxnet-keep-bulking and --mxnet-unbulk contradict each other")
+        click.echo("dpro: --mxnet-keep-bulking: keeping MXNet's op bulking is now the default (the flag does "
+                   "nothing; --mxnet-unbulk for per-op detail)", err=True)
     res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile,
-                      mxnet_keep_bulking=mxnet_keep_bulking, record_shapes=record_shapes,
+                      mxnet_unbulk=mxnet_unbulk, record_shapes=record_shapes,
                       profile_memory=profile_memory)
     click.echo(f"dpro: {res.message}", err=True)
     if res.out is not None:

@@ -29,11 +29,15 @@ WARMUP, STEPS = 4, 6
 
 @pytest.fixture(scope="module")
 def ps_job(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """The job profiled with ``--mxnet-unbulk``: every op of the block is its own event, so
+    each key's gradient has its producing backward op (the default keeps bulking:
+    test_default_keeps_bulking_records_the_job_as_it_runs)."""
     if not (MX / "python").is_file():
         pytest.skip("no .venv-mx (run scripts/setup_mxnet.sh, or `make mxnet`)")
     tmp = tmp_path_factory.mktemp("mxps")
     out, timing = tmp / "traces", tmp / "timing"
-    cmd = [str(MX / "dpro"), "profile", "-o", str(out), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
+    cmd = [str(MX / "dpro"), "profile", "-o", str(out), "--warmup", str(WARMUP), "--steps", str(STEPS),
+           "--mxnet-unbulk", "--",
            str(MX / "python"), "examples/mxnet/launch_local.py", "-n", "2", "-s", "1", "--timeout", "120", "--",
            "examples/mxnet/train_ps.py", "--model", "mlp", "--steps", str(WARMUP + STEPS + 6),
            "--timing-out", str(timing)]
@@ -100,20 +104,21 @@ def test_steps_after_the_window_timed(ps_job):
         after = w.meta["step_wall_after_us"]
         assert len(after) == 6 and all(x > 0 for x in after)
         assert len(w.meta["step_wall_us"]) == WARMUP + STEPS
-        # the window ran unbulked, and says so: the overhead counts both ways
+        # the window ran unbulked (--mxnet-unbulk), and says so: the overhead counts both ways
         assert "bulking off" in w.meta["window_changes_job"]
 
 
 @pytest.mark.slow
-def test_keep_bulking_records_the_job_as_it_runs(tmp_path):
-    """`dpro profile --mxnet-keep-bulking`: the window runs bulked (a segment of the block is
-    one ``ImperativeBulk`` op; the meta names no change to the job), every key is still
-    pushed and pulled, and the trace replays. Without the flag the block's layers show up
-    one by one (test_every_key_pushed_and_pulled checks their producers)."""
+def test_default_keeps_bulking_records_the_job_as_it_runs(tmp_path):
+    """`dpro profile` without ``--mxnet-unbulk``: the window runs bulked, as the job does
+    unprofiled (a segment of the block is one ``ImperativeBulk`` op; the meta names no
+    change to the job), every key is still pushed and pulled after the backward, and the
+    trace replays. With ``--mxnet-unbulk`` the block's layers show up one by one
+    (test_every_key_pushed_and_pulled checks their producers)."""
     if not (MX / "python").is_file():
         pytest.skip("no .venv-mx (run scripts/setup_mxnet.sh, or `make mxnet`)")
     out = tmp_path / "traces"
-    cmd = [str(MX / "dpro"), "profile", "-o", str(out), "--warmup", "3", "--steps", "3", "--mxnet-keep-bulking", "--",
+    cmd = [str(MX / "dpro"), "profile", "-o", str(out), "--warmup", "3", "--steps", "3", "--",
            str(MX / "python"), "examples/mxnet/launch_local.py", "-n", "2", "-s", "1", "--timeout", "120", "--",
            "examples/mxnet/train_ps.py", "--model", "mlp", "--steps", "8"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -124,9 +129,25 @@ def test_keep_bulking_records_the_job_as_it_runs(tmp_path):
         comp = [op.name for op in w.ops.values() if op.cat in ("FW", "BW")]
         # the block's layers are inside the bulks; the loss, outside the block, stays op by op
         assert "ImperativeBulk" in comp and "FullyConnected" not in comp, comp
-        assert len({op.tensor for op in w.ops.values() if op.sub_op == "PUSH_REQ"}) == 8
+        push = {op.tensor: op for op in w.ops.values() if op.sub_op == "PUSH_REQ"}
+        assert len(push) == 8
         assert len({op.tensor for op in w.ops.values() if op.sub_op == "PULL_RES"}) == 8
+        # every gradient comes out of the last bulk (the backward), and its push follows it
+        succ = set(w.edges)
+        producers = {x.producer for x in w.tensors}
+        assert len(producers) == 1 and w.ops[next(iter(producers))].name == "ImperativeBulk", producers
+        assert all((x.producer, push[x.name].id) in succ for x in w.tensors)
     assert replay(gt).predicted_iteration_us > 0
+
+
+def test_keep_bulking_flag_is_an_accepted_no_op(tmp_path, run_cli):
+    """``--mxnet-keep-bulking`` (the old opt-in) still parses and says it is the default;
+    with ``--mxnet-unbulk`` it is a one-line usage error. No job needed: the command exits
+    before recording anything."""
+    r = run_cli("profile", "-o", tmp_path / "t", "--mxnet-keep-bulking", "--mxnet-unbulk", "--", "true")
+    assert r.code == 2 and "contradict" in r.err, r.err
+    r = run_cli("profile", "-o", tmp_path / "t", "--mxnet-keep-bulking", "--", "true")
+    assert "now the default" in r.err and "Traceback" not in r.err, r.err
 
 
 # -- the collector on hand-made recordings ---------------------------------------------

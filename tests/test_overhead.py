@@ -101,7 +101,7 @@ def test_collectives_scale_only_in_a_cpu_job(accelerator):
 
 
 def test_overhead_both_ways_when_the_window_changed_the_job():
-    """MXNet's recorder turns operator bulking off for the window: a slower pace after it is
+    """MXNet's recorder with --mxnet-unbulk turns operator bulking off for the window: a slower pace after it is
     the job's own (the bulked job), so the prediction of the unprofiled job grows."""
     from dpro.graph.overhead import scale_overhead
 

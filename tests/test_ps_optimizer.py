@@ -126,7 +126,7 @@ def test_optimize_real_ps_job_and_run_its_strategy(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     assert res["model"]["scheme"] == "ps" and res["model"]["units"] == 8
-    assert any("--mxnet-keep-bulking" in n for n in res["notes"])  # profiled unbulked, as by default
+    assert not any("bulking off" in n for n in res["notes"])  # profiled bulked, as by default
     # the one-worker model of the job as profiled is near the full replay (on loopback six
     # processes share two cores, which neither models: over 13 profiles here it sat between
     # 24 % below and 13 % above it, and one CI run found 43 % above; docs/optimizer.md)

@@ -15,6 +15,12 @@ Jobs ``*-capR`` put every server and worker in its own network namespace behind 
 Mbit/s tbf cap on its link (benchmarks/fidelity/ps_netns.py; needs root); the others run
 on loopback.
 
+``--variants`` profiles each job with several recorder settings in the same rounds (one
+profiled run of each per round, against the same unprofiled runs; the order within a
+round alternates), e.g. MXNet's op bulking kept vs off in the window:
+``--variants 'bulked=,unbulked=DPRO_MXNET_UNBULK=1'``. ``--settings`` runs every process,
+profiled or not, with one of benchmarks/jobenv.py's settings (``none``: as launched).
+
     .venv/bin/python benchmarks/fidelity/ps_jobs.py [--truth 2] [--profiled 1] [--jobs mlp-2w1s,conv-4w2s] [--json]
 """
 
@@ -27,10 +33,14 @@ import os
 import statistics
 import subprocess
 import tempfile
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import jobenv  # noqa: E402
+
 MX = REPO / ".venv-mx" / "bin"
 #: (model, workers, servers, bandwidth cap in Mbit/s per direction of every process's link, or None: loopback)
 JOBS = [(m, w, s, None) for m in ("mlp", "conv") for w in (2, 4) for s in (1, 2)] + \
@@ -81,28 +91,59 @@ def fidelity_row(job: str, pred: float, trace: float, meas: float, **extra: obje
             "overhead_pct": 100 * (trace - meas) / meas, **extra}
 
 
-def one(m: str, w: int, s: int, cap: float | None, truth: int, profiled: int, tmp: Path) -> dict:
+def one(m: str, w: int, s: int, cap: float | None, truth: int, profiled: int, tmp: Path,
+        variants: dict[str, dict[str, str]] | None = None,
+        settings: jobenv.JobSettings = jobenv.SETTINGS["none"]) -> list[dict]:
+    """One row per variant (``{name: extra environment}`` of the profiled runs; default one
+    plain variant), each against the same unprofiled runs, interleaved: even rounds run the
+    variants' profiled runs first, odd rounds the unprofiled run first (the machine's pace
+    drifts, and what one run leaves to the next should not favour one side)."""
+    variants = variants or {"default": {}}
     d = tmp / name(m, w, s, cap)
-    preds, traces, unprof, ovs, truths = [], [], [], [], []
-    for i in range(max(truth, profiled)):  # interleaved: the machine's pace drifts
-        if i < profiled:
-            run([str(MX / "dpro"), "profile", "-o", str(d / f"trace{i}"), "--warmup", str(WARMUP), "--steps",
-                 str(STEPS), "--", *job_cmd(m, w, s, d / f"timing_prof{i}", WARMUP + STEPS + AFTER, cap)])
-            rep = json.loads(run([str(MX / "dpro"), "replay", str(d / f"trace{i}"), "--json"]).stdout)
-            preds.append(rep["predicted_iteration_us"])
-            traces.append(rep["measured_iteration_us"])
+    got: dict[str, dict[str, list]] = {v: {"preds": [], "traces": [], "unprof": [], "ovs": []} for v in variants}
+    truths: list[float] = []
+    base = {**os.environ, **settings.env()}
+    for i in range(max(truth, profiled)):
+        order = [*variants, None] if i % 2 == 0 else [None, *reversed(list(variants))]
+        for v in order:
+            if v is None:
+                if i < truth:
+                    run(settings.apply(job_cmd(m, w, s, d / f"timing_{i}", WARMUP + 15, cap)),
+                        env={**base, "DPRO_DISABLE": "1"})
+                    truths.append(measured_us(d / f"timing_{i}", WARMUP))
+                continue
+            if i >= profiled:
+                continue
+            g, tr = got[v], d / f"trace_{v}{i}"
+            run([str(MX / "dpro"), "profile", "-o", str(tr), "--warmup", str(WARMUP), "--steps", str(STEPS), "--",
+                 *settings.apply(job_cmd(m, w, s, d / f"timing_prof_{v}{i}", WARMUP + STEPS + AFTER, cap))],
+                env={**base, **variants[v]})
+            rep = json.loads(run([str(MX / "dpro"), "replay", str(tr), "--json"]).stdout)
+            g["preds"].append(rep["predicted_iteration_us"])
+            g["traces"].append(rep["measured_iteration_us"])
             # the recorder's own overhead taken off (the plain prediction when it measured none)
-            unprof.append(rep.get("predicted_unprofiled_iteration_us") or rep["predicted_iteration_us"])
-            ovs.append((rep.get("profiling_overhead") or {}).get("overhead_pct"))
-        if i < truth:
-            run(job_cmd(m, w, s, d / f"timing_{i}", WARMUP + 15, cap), env={**os.environ, "DPRO_DISABLE": "1"})
-            truths.append(measured_us(d / f"timing_{i}", WARMUP))
-    meas, pu = statistics.median(truths), statistics.median(unprof)
-    known = [o for o in ovs if o is not None]
-    return fidelity_row(name(m, w, s, cap), statistics.median(preds), statistics.median(traces), meas,
-                        truth_runs_us=truths, predicted_runs_us=preds, trace_runs_us=traces,
-                        recorder_overhead_pct=statistics.median(known) if known else None,
-                        predicted_overhead_removed_us=pu, error_unprofiled_pct=100 * (pu - meas) / meas)
+            g["unprof"].append(rep.get("predicted_unprofiled_iteration_us") or rep["predicted_iteration_us"])
+            g["ovs"].append((rep.get("profiling_overhead") or {}).get("overhead_pct"))
+    meas = statistics.median(truths)
+    rows = []
+    for v, g in got.items():
+        pu = statistics.median(g["unprof"])
+        known = [o for o in g["ovs"] if o is not None]
+        rows.append(fidelity_row(name(m, w, s, cap), statistics.median(g["preds"]), statistics.median(g["traces"]),
+                                 meas, variant=v, truth_runs_us=truths, predicted_runs_us=g["preds"],
+                                 trace_runs_us=g["traces"], unprofiled_predicted_runs_us=g["unprof"],
+                                 recorder_overhead_pct=statistics.median(known) if known else None,
+                                 predicted_overhead_removed_us=pu, error_unprofiled_pct=100 * (pu - meas) / meas))
+    return rows
+
+
+def parse_variants(text: str) -> dict[str, dict[str, str]]:
+    """``'bulked=,unbulked=A=1+B=1'`` -> {"bulked": {}, "unbulked": {"A": "1", "B": "1"}}."""
+    out: dict[str, dict[str, str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        vname, _, env = part.partition("=")
+        out[vname] = dict(kv.split("=", 1) for kv in env.split("+") if kv)
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -116,37 +157,51 @@ def _ms(x: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--truth", type=int, default=2, help="unprofiled runs per job")
-    ap.add_argument("--profiled", type=int, default=1, help="profiled runs per job (medians)")
+    ap.add_argument("--profiled", type=int, default=1, help="profiled runs per job and variant (medians)")
     ap.add_argument("--jobs", default=None,
                     help="comma-separated job names, e.g. mlp-2w1s,mlp-2w1s-cap1000 (default: all; capped jobs need root)")
+    ap.add_argument("--variants", default="default=",
+                    help="profiled variants: name=ENV=V+ENV2=V2,... (each with these variables added), "
+                         "e.g. 'bulked=,unbulked=DPRO_MXNET_UNBULK=1'")
+    ap.add_argument("--settings", default="none", choices=list(jobenv.SETTINGS),
+                    help="job settings of every run, profiled or not (benchmarks/jobenv.py); none: as launched")
     ap.add_argument("--keep", type=Path, default=None, help="keep the traces, timings and results.json in this directory")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     want = set(a.jobs.split(",")) if a.jobs else None
+    variants = parse_variants(a.variants)
     rows = []
     with work_dir(a.keep, "dpro-psfid-") as tmp:
         for m, w, s, cap in JOBS:
             if want and name(m, w, s, cap) not in want:
                 continue
-            rows.append(one(m, w, s, cap, a.truth, a.profiled, Path(tmp)))
+            new = one(m, w, s, cap, a.truth, a.profiled, Path(tmp), variants, jobenv.SETTINGS[a.settings])
+            rows += new
             if a.keep is not None:  # what is done so far survives an interrupted run
                 (a.keep / "results.json").write_text(json.dumps(rows, indent=1))
             if not a.json:
-                r = rows[-1]
-                print(f"{r['job']:<18} measured {r['measured_us'] / 1e3:7.2f} ms  trace {r['trace_us'] / 1e3:7.2f} ms  "
-                      f"predicted {r['predicted_us'] / 1e3:7.2f} ms  error {r['error_pct']:+6.1f}%  "
-                      f"vs trace {r['vs_trace_pct']:+6.1f}%  overhead {r['overhead_pct']:+6.1f}%  "
-                      f"| recorder's overhead {_pct(r['recorder_overhead_pct'])}  "
-                      f"predicted w/o it {_ms(r['predicted_overhead_removed_us'])} "
-                      f"error {r['error_unprofiled_pct']:+6.1f}%", flush=True)
-    med = statistics.median(abs(r["error_pct"]) for r in rows)
-    med_t = statistics.median(abs(r["vs_trace_pct"]) for r in rows)
-    med_u = statistics.median(abs(r["error_unprofiled_pct"]) for r in rows)
+                for r in new:
+                    print(f"{r['job']:<18} {r['variant']:<9} measured {r['measured_us'] / 1e3:7.2f} ms  "
+                          f"trace {r['trace_us'] / 1e3:7.2f} ms  "
+                          f"predicted {r['predicted_us'] / 1e3:7.2f} ms  error {r['error_pct']:+6.1f}%  "
+                          f"vs trace {r['vs_trace_pct']:+6.1f}%  overhead {r['overhead_pct']:+6.1f}%  "
+                          f"| recorder's overhead {_pct(r['recorder_overhead_pct'])}  "
+                          f"predicted w/o it {_ms(r['predicted_overhead_removed_us'])} "
+                          f"error {r['error_unprofiled_pct']:+6.1f}%", flush=True)
+    summary = {}
+    for v in variants:
+        vr = [r for r in rows if r["variant"] == v]
+        summary[v] = {"median_abs_error_pct": statistics.median(abs(r["error_pct"]) for r in vr),
+                      "median_abs_vs_trace_pct": statistics.median(abs(r["vs_trace_pct"]) for r in vr),
+                      "median_abs_error_unprofiled_pct": statistics.median(abs(r["error_unprofiled_pct"]) for r in vr)}
     if a.json:
-        print(json.dumps({"rows": rows, "median_abs_error_pct": med, "median_abs_vs_trace_pct": med_t,
-                          "median_abs_error_unprofiled_pct": med_u}, indent=1))
+        only = summary[next(iter(variants))] if len(variants) == 1 else {}
+        print(json.dumps({"rows": rows, **only, "variants": summary, "settings": a.settings}, indent=1))
     else:
-        print(f"median |error| vs measured {med:.1f}% (overhead removed: {med_u:.1f}%), vs trace {med_t:.1f}%")
+        for v, f in summary.items():
+            print(f"{v}: median |error| vs measured {f['median_abs_error_pct']:.1f}% "
+                  f"(overhead removed: {f['median_abs_error_unprofiled_pct']:.1f}%), "
+                  f"vs trace {f['median_abs_vs_trace_pct']:.1f}%")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ ENV_DISABLE = "DPRO_DISABLE"
 ENV_MEASURE_COMPILE = "DPRO_MEASURE_COMPILE"
 #: seconds the compile measurement may take per rank
 ENV_COMPILE_BUDGET_S = "DPRO_COMPILE_BUDGET_S"
-#: ``1``/``true``/``yes``: MXNet keeps operator bulking in the window (``--mxnet-keep-bulking``)
+#: ``1``/``true``/``yes``: MXNet turns operator bulking off in the window, so that every op of
+#: the block is its own event (``dpro profile --mxnet-unbulk``; default: bulking kept, the
+#: job runs as unprofiled and a bulked segment is one ``ImperativeBulk`` op)
+ENV_MXNET_UNBULK = "DPRO_MXNET_UNBULK"
+#: the old opt-in to keep bulking (``--mxnet-keep-bulking``), now the default: accepted, no effect
 ENV_MXNET_KEEP_BULKING = "DPRO_MXNET_KEEP_BULKING"
 #: ``1``/``0``: torch.profiler records every op's input shapes (``dpro profile --shapes``;
 #: layer shapes for `dpro oracle`, collective sizes of old PyTorch versions)

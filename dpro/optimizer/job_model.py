@@ -225,8 +225,9 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
         units, groups, partitions, layout, pnotes = _ps_units(gt, rep, st0, ops, preds, succs, servers, steps)
         notes += pnotes
         if "bulking off" in str(rep.meta.get("window_changes_job") or ""):
-            notes.append("the window ran with MXNet's op bulking off, which changes when pushes leave: for the key "
-                         "split, profile with `dpro profile --mxnet-keep-bulking` (docs/optimizer.md)")
+            notes.append("the window ran with MXNet's op bulking off (`dpro profile --mxnet-unbulk`), which changes "
+                         "when pushes leave: for the key split, profile without it (bulking kept, the default; "
+                         "docs/optimizer.md)")
     else:
         units, groups = _collective_units(rep, comm, ops, preds, succs)
         if gt.manifest.library == "horovod":

@@ -16,7 +16,7 @@ from pathlib import Path
 from dpro.contracts.recording import (
     ENV_HOROVOD_TIMELINE,
     ENV_MEASURE_COMPILE,
-    ENV_MXNET_KEEP_BULKING,
+    ENV_MXNET_UNBULK,
     ENV_PROFILE_MEMORY,
     ENV_RECORD_SHAPES,
     ENV_NCCL_PLUGIN,
@@ -126,14 +126,14 @@ def nccl_plugin_env(env: dict[str, str], raw: Path) -> None:
 
 def profile_job(
     args: list[str], out: Path, *, warmup: int, steps: int, force: bool = False, progress: bool | None = None,
-    measure_compile: bool = False, mxnet_keep_bulking: bool = False,
+    measure_compile: bool = False, mxnet_unbulk: bool = False,
     record_shapes: bool | None = None, profile_memory: bool | None = None,
 ) -> ProfileOutcome:
     """Run ``args`` with recording on, then write the gTrace to ``out`` (raw traces in out/raw).
 
     ``measure_compile``: the ranks also time their blocks compiled after the window
-    (:mod:`dpro.profiler.pytorch.compile_probe`, :mod:`dpro.profiler.tensorflow.compile_probe`). ``mxnet_keep_bulking``: MXNet ranks
-    keep operator bulking in the window (:mod:`dpro.profiler.mxnet.backend`). ``record_shapes`` /
+    (:mod:`dpro.profiler.pytorch.compile_probe`, :mod:`dpro.profiler.tensorflow.compile_probe`). ``mxnet_unbulk``: MXNet ranks
+    turn operator bulking off in the window (default: kept; :mod:`dpro.profiler.mxnet.backend`). ``record_shapes`` /
     ``profile_memory``: record every op's input shapes / every allocation (None: the
     recorder's default, :mod:`dpro.profiler.config`)."""
     cmd = command_line(args)
@@ -144,8 +144,8 @@ def profile_job(
     env.update({ENV_TRACE_DIR: str(raw), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps)})
     if measure_compile:
         env[ENV_MEASURE_COMPILE] = "1"
-    if mxnet_keep_bulking:
-        env[ENV_MXNET_KEEP_BULKING] = "1"
+    if mxnet_unbulk:
+        env[ENV_MXNET_UNBULK] = "1"
     for name, on in ((ENV_RECORD_SHAPES, record_shapes), (ENV_PROFILE_MEMORY, profile_memory)):
         if on is not None:
             env[name] = "1" if on else "0"

@@ -2,10 +2,13 @@
 
 :class:`MXNetBackend`, chosen by ``dpro.Recorder`` for a Gluon block, records:
 
-* op times from ``mx.profiler`` (Chrome JSON, absolute µs on the epoch clock); when the
-  window starts the recorder re-hybridizes the block with ``forward_bulk_size=0,
-  backward_bulk_size=0`` so every op of the cached graph is its own event instead of one
-  ``ImperativeBulk`` (the warm-up runs bulked, at the unprofiled pace);
+* op times from ``mx.profiler`` (Chrome JSON, absolute µs on the epoch clock). The window
+  runs the job as the user does, with MXNet's operator bulking: a bulked segment of the
+  cached graph is one ``ImperativeBulk`` event, and a worker's pushes leave when its
+  segment ends, as unprofiled. With ``DPRO_MXNET_UNBULK=1`` (``dpro profile
+  --mxnet-unbulk``) the recorder re-hybridizes the block with ``forward_bulk_size=0,
+  backward_bulk_size=0`` when the window starts, so every op is its own event (per-op
+  detail: layers, op classes), and gives the user's flags back after it;
 * the hybridized symbol (``tojson()`` of the block's cached graph) for layer names and
   which backward op produces which parameter's gradient;
 * the kvstore keys: ``KVStore.push/pull/pushpull`` are wrapped while the window runs, to
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro.contracts.recording import (
-    ENV_MXNET_KEEP_BULKING,
+    ENV_MXNET_UNBULK,
     FRAMEWORK_MXNET,
     MetaKey,
     rank_meta_name,
@@ -108,14 +111,16 @@ class MXNetBackend:
             log.warning("dpro: cannot start MXNet's storage counter early: %s", e)
 
     def _unbulk(self) -> None:
-        """Re-hybridize with operator bulking off (keeping the user's flags), so each op of
-        the cached graph is its own profiler event.  Done when the window starts, not
-        before: the warm-up runs bulked, at the unprofiled pace the overhead is measured
-        against (dpro.graph.overhead); the window's first step rebuilds the graph.
+        """With ``DPRO_MXNET_UNBULK=1`` (``dpro profile --mxnet-unbulk``): re-hybridize with
+        operator bulking off (keeping the user's flags), so each op of the cached graph is
+        its own profiler event.  Done when the window starts, not before: the warm-up runs
+        bulked, at the unprofiled pace the overhead is measured against
+        (dpro.graph.overhead); the window's first step rebuilds the graph.
 
-        Not with ``DPRO_MXNET_KEEP_BULKING=1`` (``dpro profile --mxnet-keep-bulking``): the
-        window then runs the job as the user does, and a bulked segment is one op."""
-        if os.environ.get(ENV_MXNET_KEEP_BULKING, "") in ("1", "true", "yes"):
+        By default the window keeps bulking: it runs the job as the user does (its pushes
+        leave when a bulked segment ends; overhead ~1 % where unbulking cost 2.5-4 %,
+        docs/fidelity.md), and a bulked segment is one op."""
+        if os.environ.get(ENV_MXNET_UNBULK, "").lower() not in ("1", "true", "yes"):
             return
         model = self.model
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):
@@ -195,7 +200,7 @@ class MXNetBackend:
 
     # -- Backend protocol ---------------------------------------------------------------
     def start(self) -> None:
-        """Turn MXNet's profiler on for the window (op bulking off unless kept)."""
+        """Turn MXNet's profiler on for the window (op bulking off only when asked)."""
         mx = self.mx
         self.config.out_dir.mkdir(parents=True, exist_ok=True)
         if self._tmp is None:
