@@ -18,7 +18,7 @@ import pytest
 from dpro.errors import DproInputError
 from dpro.gtrace.io import load_gtrace
 from dpro.gtrace.validate import validate
-from dpro.importers.mxnet.convert import _match, collect_mxnet
+from dpro.importers.mxnet.convert import _bulked_backward, _match, collect_mxnet
 from dpro.importers.mxnet.read import Interval
 from dpro.replayer.replay import replay
 
@@ -129,6 +129,8 @@ def test_default_keeps_bulking_records_the_job_as_it_runs(tmp_path):
         comp = [op.name for op in w.ops.values() if op.cat in ("FW", "BW")]
         # the block's layers are inside the bulks; the loss, outside the block, stays op by op
         assert "ImperativeBulk" in comp and "FullyConnected" not in comp, comp
+        # the backward is the bulk after the loss (test_bulked_backward_is_the_bulks_after_the_loss)
+        assert [op.name for op in w.ops.values() if op.cat == "BW"] == ["ImperativeBulk"]
         push = {op.tensor: op for op in w.ops.values() if op.sub_op == "PUSH_REQ"}
         assert len(push) == 8
         assert len({op.tensor for op in w.ops.values() if op.sub_op == "PULL_RES"}) == 8
@@ -232,3 +234,20 @@ def _edit(path: Path, fn) -> None:
     d = json.loads(path.read_text())
     fn(d)
     path.write_text(json.dumps(d))
+
+
+def test_bulked_backward_is_the_bulks_after_the_loss():
+    """With bulking on (the default), no ``_backward_*`` op is visible: the trailing bulks
+    of the compute thread, after the loss's own ops, are the backward; a moving op
+    (``SetValueOp``) or another thread's op does not end the run; a step that is only
+    bulks gives its last one; no bulk at the end, none."""
+    def seq(*names, tid=0):
+        return [(i, Interval(n, float(i), i + 0.5, 7 if n == "other-thread" else tid)) for i, n in enumerate(names)]
+    B = "ImperativeBulk"
+    assert _bulked_backward(seq(B, "SetValueOp", "log_softmax", "mean", B), 0, {"SetValueOp"}) == {4}
+    assert _bulked_backward(seq(B, B, "mean", B, "SetValueOp", "other-thread", B), 0, {"SetValueOp"}) == {3, 6}
+    assert _bulked_backward(seq(B, B, B), 0, set()) == {2}
+    assert _bulked_backward(seq(B), 0, set()) == set()
+    assert _bulked_backward(seq(B, "mean"), 0, set()) == set()
+    # a moving op the floating rule did not take out ends the run
+    assert _bulked_backward(seq(B, "mean", B, "SetValueOp"), 0, set()) == set()

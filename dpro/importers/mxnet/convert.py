@@ -44,6 +44,7 @@ KV_OP = re.compile(r"^KVStoreDist\w*(PushPull|Push|Pull)$")
 COPY = "CopyCPU2CPU"
 STEP_END = "STEP_END@cpu:main"
 FLOAT_DEV = "cpu:float"
+BULK = "ImperativeBulk"  # one op per bulked segment of a hybridized block
 
 
 @dataclass
@@ -240,7 +241,8 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
                 taken.add(cand[0])
         seq = [(i, o) for i, o in enumerate(v.compute) if i not in copy_key]
         bw_idx = [j for j, (_, o) in enumerate(seq) if o.name.startswith("_backward")]
-        last_bw = bw_idx[-1] if bw_idx else -1
+        bulk_bw = set() if bw_idx else _bulked_backward(seq, main_tid, {f for f, _ in floating})
+        last_bw = bw_idx[-1] if bw_idx else max(bulk_bw, default=-1)
         count: dict[tuple[str, str], int] = defaultdict(int)
         ids: list[str] = []
         for j, (i, o) in enumerate(seq):
@@ -257,8 +259,8 @@ def _worker_node(w: WorkerRaw, steps: list[int], keys: dict[int, dict], slices: 
                     continue
                 # between the first and the last backward op, internal ops (``_zeros``, ...)
                 # belong to the backward pass; named ones (the loss's ``mean``) run late
-                if o.name.startswith("_backward") or (bw_idx and bw_idx[0] < j < last_bw
-                                                      and (o.name.startswith("_") or o.name == "ImperativeBulk")):
+                if o.name.startswith("_backward") or j in bulk_bw or (bw_idx and bw_idx[0] < j < last_bw
+                                                      and (o.name.startswith("_") or o.name == BULK)):
                     cat = "BW"
                     layers = list(reversed(by_type.get(o.name[len("_backward_"):], [])))
                 elif j < last_bw or last_bw < 0:
@@ -377,6 +379,28 @@ def _server_node(srv: ServerRaw, workers: list[WorkerRaw], steps: list[int], key
     # the updates run one at a time on the server's main thread: one device, no order edges
     # (the order changes from step to step with the order the pushes complete in)
     return nt
+
+
+def _bulked_backward(seq: list[tuple[int, Interval]], main_tid: int, floating: set[str]) -> set[int]:
+    """Indices in ``seq`` of the backward pass of a step recorded with operator bulking on
+    (the default: no ``_backward_*`` op is visible, a bulked segment is one ``BULK`` op).
+
+    The backward is the trailing run of bulks on the compute thread, after the last op that
+    is not a bulk (the loss, run imperatively outside the hybridized block).  Where every
+    op of the step is a bulk (the loss inside the block), only the last one is taken: the
+    forward and the backward cannot be told apart any better from the trace.  Ops that
+    move around the order (``floating``, e.g. ``SetValueOp``) are not looked at."""
+    main = [(j, o) for j, (_, o) in enumerate(seq) if o.tid == main_tid and o.name not in floating]
+    run: list[int] = []
+    for j, o in reversed(main):
+        if o.name != BULK:
+            break
+        run.append(j)
+    if not run:
+        return set()
+    if len(run) == len(main):
+        return {run[0]} if len(run) > 1 else set()
+    return set(run)
 
 
 def _floating_ops(seqs: list[list[Interval]], rounds: int = 4) -> set[tuple[str, int]]:
