@@ -189,8 +189,9 @@ def test_async_simulation_throughput():
 
 def test_async_simulation_shared_cores():
     t = Transfer(0.0, 1.0)
-    # one worker, two servers of 50 B each, each port its own: 100 + 50 + 50 = 200 µs
-    assert simulate_async(1, [100.0], [50, 50], [1, 1], t, 0, 0, 10) == pytest.approx(1e6 / 200)
+    # one worker, two servers of 50 B each: both pushes cross the worker's own link (1 B/µs),
+    # 0.5 B/µs each, 100 µs; the pulls alike: 100 + 100 + 100 = 300 µs (not 200: each port its own)
+    assert simulate_async(1, [100.0], [50, 50], [1, 1], t, 0, 0, 10) == pytest.approx(1e6 / 300)
     # four workers computing on two cores (no communication): 200 µs a step each
     assert simulate_async(4, [100.0], [0], [0], t, 0, 0, 400, cores=2) == pytest.approx(4e6 / 200)
     assert simulate_async(4, [100.0], [0], [0], t, 0, 0, 400) == pytest.approx(4e6 / 100)

@@ -113,6 +113,9 @@ class WhatIfGraph:
         self.policy: Policy | None = None
         #: the link cost the graph was built with (α µs per ring step, β µs per byte), if any
         self.link_cost: LinkCost | None = None
+        #: bytes/µs of the links and ports that ops with ``attrs["links"]`` (the resources
+        #: they cross) share max-min fairly in :meth:`simulate` (:mod:`dpro.whatif.fairshare`)
+        self.links: dict | None = None
         self._next = 0
 
     # -- building -------------------------------------------------------------------------
@@ -139,6 +142,7 @@ class WhatIfGraph:
         g.succ = {i: set(s) for i, s in self.succ.items()}
         g.pred = {i: set(s) for i, s in self.pred.items()}
         g.policy, g.link_cost, g._next = self.policy, self.link_cost, self._next
+        g.links = None if self.links is None else dict(self.links)
         return g
 
     def _id(self, op: Op | int) -> int:
@@ -209,9 +213,19 @@ class WhatIfGraph:
 
     def simulate(self) -> WhatIfResult:
         """Replay the graph: :func:`dpro.replayer.engine.simulate` for FIFO devices, the
-        priority list scheduler (:mod:`dpro.whatif.priority`) under a :meth:`schedule` policy."""
+        priority list scheduler (:mod:`dpro.whatif.priority`) under a :meth:`schedule` policy;
+        with :attr:`links`, ops that cross them (``attrs["links"]``) last their own time plus
+        their bytes at the max-min fair rate (:func:`dpro.whatif.fairshare.simulate_fluid`)."""
         g, ids = self.compile()
-        if self.policy is None:
+        flows = {} if not self.links else {
+            k: self.ops[i].attrs["links"] for k, i in enumerate(ids) if self.ops[i].attrs.get("links")}
+        if flows:
+            from dpro.whatif.fairshare import FlowSpec, simulate_fluid
+
+            key = None if self.policy is None else np.array([float(self.policy(self.ops[i])) for i in ids])
+            sched = simulate_fluid(g, key, {k: FlowSpec(float(self.ops[ids[k]].bytes), tuple(r))
+                                            for k, r in flows.items()}, self.links)
+        elif self.policy is None:
             from dpro.replayer.engine import simulate
 
             sched = simulate(g)

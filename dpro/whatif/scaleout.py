@@ -10,14 +10,16 @@ with its op times; its communication is re-costed for the new cluster with the p
 * **parameter server** (MXNet over ps-lite): every push and pull is a message on the
   connection between the worker and a server; a key's pieces go to MXNet's servers for M
   servers (``(key*9973) % M``, or split over all when it has at least the big-array bound
-  of elements); the N workers push to a server in the same phase, so each connection gets
-  1/N of the server's port (bandwidth sharing, :func:`~dpro.whatif.models.share_bandwidth`
-  in the symmetric case), and the messages queued on one connection are multiplexed
+  of elements); a message crosses its worker's link and its server's port (one per
+  direction), shared max-min fairly by the messages moving at the moment
+  (:mod:`~dpro.whatif.fairshare`); the N workers push to a server in the same phase, so the
+  representative worker gets 1/N of each server's port and its whole link; the messages
+  queued on one connection are multiplexed
   (:func:`~dpro.whatif.models.multiplex`: heads up to the window first, then tails: the
   ``schedule`` primitive); the server aggregates and updates each piece once;
 * **asynchronous SGD** (``dist_async``): a discrete-event simulation over many steps, each
   worker's compute time sampled from the profiled steps, its pushes and pulls sharing the
-  servers' ports with the other workers' (fluid processor sharing), no barrier.
+  servers' ports and its own link with the other flows (max-min fair), no barrier.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dpro.errors import DproInputError
+from dpro.whatif.fairshare import max_min_rates
 from dpro.whatif.graph import Op, WhatIfGraph
 from dpro.whatif.models import Transfer, allreduce_us
 from dpro.whatif.platform import Platform, PsCpu
@@ -409,9 +412,8 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     servers = c.servers or _profiled_servers(job)
     pieces, _ = _ps_pieces(job, g, servers)
     ua, ub = fit_update(job.trace, list(job.steps))
-    share = c.workers  # the N workers' messages to one server share its port: 1/N each
     node = next(iter(g.ops.values())).node
-    conn = Transfer(t.alpha, t.beta * share)
+    g.links = ps_links(node, servers, c.workers, t)
     window = DEFAULT_WINDOW
     by_key: dict[str, list[Op]] = {}
     for op in list(g.select(lambda o: o.attrs.get("sub_op") in ("PUSH_REQ", "PULL_RES"))):
@@ -429,11 +431,12 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
         for p in pieces.get(name, []):
             # push: head up to the window, then the tail (multiplexing), on the connection to the server
             up = _message(g, before, f"{node}/push:{name}@s{p.server}", f"conn:{node}->s{p.server}", node,
-                          p.bytes, conn, window, prio, heads)
+                          p.bytes, t, window, prio, heads, (("link", node, "out"), ("port", p.server, "in")))
             upd = g.insert([up], Op(name=f"server{p.server}/update:{name}", cat="UPDATE", node=f"server{p.server}",
                                     device=f"server{p.server}/update", dur=ua + ub * p.bytes, prio=prio))
             down = _message(g, [upd.id], f"{node}/pull:{name}@s{p.server}", f"conn:s{p.server}->{node}",
-                            f"server{p.server}", p.bytes, conn, window, prio, heads)
+                            f"server{p.server}", p.bytes, t, window, prio, heads,
+                            (("port", p.server, "out"), ("link", node, "in")))
             ends.append(down)
         for e in ends:
             for a in after:
@@ -463,18 +466,31 @@ def ps_cpu_demand(pieces: list[_Piece], workers: int, servers: int, cost: PsCpu 
     return w, s
 
 
+def ps_links(node: str, servers: int, workers: int, t: Transfer) -> dict:
+    """The capacities (bytes/µs) the representative worker ``node``'s messages cross in a
+    synchronous step: its own link per direction at ``1/beta``, and each server's port
+    per direction, whose ``1/beta`` the ``workers`` workers in the same phase share: ``1/N``
+    of it for each (the symmetric case of the max-min share, :mod:`dpro.whatif.fairshare`)."""
+    bw = 1.0 / t.beta if t.beta > 0 else math.inf
+    caps: dict = {("link", node, d): bw for d in ("out", "in")}
+    caps.update({("port", s, d): bw / max(1, workers) for s in range(servers) for d in ("in", "out")})
+    return {r: c for r, c in caps.items() if math.isfinite(c)}
+
+
 def _message(g: WhatIfGraph, before, name: str, device: str, node: str, nbytes: int, cost: Transfer,
-             window: int, prio: float, heads: set[int]) -> int:
-    """A message as its head (up to ``window`` bytes) and tail on ``device``; the tail's id."""
+             window: int, prio: float, heads: set[int], links: tuple) -> int:
+    """A message as its head (up to ``window`` bytes, paying the overhead ``alpha``) and tail
+    on ``device`` (its connection: one piece at a time); their bytes cross ``links`` at the
+    max-min fair rate among the messages moving at the moment. The tail's id."""
     head = g.insert(before, Op(name=f"{name}:head", cat="COMM", device=device, node=node, comm_device=True,
-                               dur=cost.us(min(nbytes, window)), bytes=min(nbytes, window), prio=prio,
-                               attrs={"sub_op": "PS_MSG"}))
+                               dur=cost.alpha, bytes=min(nbytes, window), prio=prio,
+                               attrs={"sub_op": "PS_MSG", "links": links}))
     heads.add(head.id)
     if nbytes <= window:
         return head.id
     tail = g.insert([head.id], Op(name=f"{name}:tail", cat="COMM", device=device, node=node, comm_device=True,
-                                  dur=cost.beta * (nbytes - window), bytes=nbytes - window, prio=prio,
-                                  attrs={"sub_op": "PS_MSG"}))
+                                  dur=0.0, bytes=nbytes - window, prio=prio,
+                                  attrs={"sub_op": "PS_MSG", "links": links}))
     return tail.id
 
 
@@ -494,7 +510,8 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     computing at the same time sharing those cores. The scaling hides the overlap of one
     worker's pushes with its backward pass, but also shrinks the bytes the server ports
     carry: the mean step is at least :func:`async_port_bound` (every worker step's real
-    bytes through the busiest port), and, with ps-lite's CPU cost, :func:`async_cpu_bound`."""
+    bytes through the busiest port, and through the worker's own link), and, with ps-lite's
+    CPU cost, :func:`async_cpu_bound`."""
     from dpro.optimizer.ps.costs import fit_update
 
     servers = c.servers or _profiled_servers(job)
@@ -540,12 +557,14 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
 
 
 def async_port_bound(workers: int, server_bytes: list[float], server_msgs: list[int], t: Transfer) -> float:
-    """The least mean step of a worker (µs) that the servers' ports allow in asynchronous
-    SGD: a worker step pushes ``server_bytes[s]`` in ``server_msgs[s]`` messages into
-    server ``s`` (and pulls as many out, through the port's other direction); ``workers``
-    such steps at a time through the busiest port take ``workers * (alpha * msgs + beta *
-    bytes)``."""
-    return workers * max((t.alpha * m + t.beta * b for b, m in zip(server_bytes, server_msgs)), default=0.0)
+    """The least mean step of a worker (µs) that the servers' ports and the workers' links
+    allow in asynchronous SGD: a worker step pushes ``server_bytes[s]`` in
+    ``server_msgs[s]`` messages into server ``s`` (and pulls as many out, through the
+    port's other direction); ``workers`` such steps at a time through the busiest port take
+    ``workers * (alpha * msgs + beta * bytes)``, and every step moves all its servers'
+    bytes through its own worker's link: ``sum over servers (alpha * msgs + beta * bytes)``."""
+    cost = [t.alpha * m + t.beta * b for b, m in zip(server_bytes, server_msgs)]
+    return max(workers * max(cost, default=0.0), sum(cost))
 
 
 def async_cpu_bound(workers: int, cores: int, worker_us: float, other_us: float, pinned: bool = False) -> float:
@@ -574,10 +593,13 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
     serial per server) -> pull the weights back -> next step, until ``steps`` steps are done
     in all; no barrier. A message's overhead ``alpha`` counts as ``alpha/beta`` bytes of its flow.
 
-    Fluid processor sharing, every resource shared equally by what uses it at the moment:
+    Fluid sharing of every resource by what uses it at the moment:
 
-    * each server has one port per direction at ``1/beta`` bytes/µs, shared by the flows
-      through it;
+    * each server has one port per direction at ``1/beta`` bytes/µs, and each worker one
+      link per direction at ``1/beta``; a push crosses its worker's link (out) and its
+      server's port (in), a pull the port (out) and the link (in), at the max-min fair
+      rate among the flows moving (:func:`~dpro.whatif.fairshare.max_min_rates`, solved
+      again whenever a flow starts or ends);
     * with ``cores``, the workers computing at the moment share that many cores: each
       computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time)."""
     rng = random.Random(seed)
@@ -585,6 +607,7 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
     ns = len(server_bytes)
     size = [server_bytes[s] + server_msgs[s] * t.alpha * bw for s in range(ns)]
     active_servers = [s for s in range(ns) if server_bytes[s] > 0]
+    caps = {(kind, i, d): bw for kind, n in (("port", ns), ("link", workers)) for i in range(n) for d in (0, 1)}
     now = 0.0
     timers: list[tuple[float, int, int, int]] = []  # (time, seq, worker, server): an update done
     seq = 0
@@ -600,10 +623,9 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
         computing[w] = rng.choice(compute_us)
 
     while done < steps:
-        sp: dict[tuple[int, int], int] = {}
-        for s_, d, _w in flows:
-            sp[(s_, d)] = sp.get((s_, d), 0) + 1
-        rate = {f: bw / sp[(f[0], f[1])] for f in flows}
+        # a flow (server, direction, worker) crosses the server's port and the worker's link
+        ids = list(flows)
+        rate = dict(zip(ids, max_min_rates([(("port", f[0], f[1]), ("link", f[2], f[1])) for f in ids], caps)))
         cpu = min(1.0, cores / len(computing)) if cores and computing else 1.0
         dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu for c in computing.values()]
                  + ([timers[0][0] - now] if timers else []), default=float("inf"))
