@@ -17,8 +17,9 @@ round's median call. Settings (``--settings``, comma-separated):
 Also per setting: minor page faults per call (a count, unaffected by the machine's load; ``-v``
 prints every call's). Found with it (#31): in about half of the profiler sessions the step
 starts faulting ~6900 pages (27 MB) per call, +20-25 % CPU, until the session stops; glibc
-unmaps and maps a 64 MiB heap every step (strace). ``--keep-heap`` runs the sessions with
-dpro's fix (dpro/profiler/heap.py).
+unmaps and maps a 64 MiB heap every step (strace). ``--top-pad-mb 64`` keeps glibc's heaps
+while a session runs: later sessions then stop faulting, but a session's first steps still
+touch new memory, and in the 2-worker job (one profiler session, the window) it did not help.
 
 Time figures: run it through benchmarks/measure.sh (docs/fidelity.md "Profiling overhead").
 
@@ -49,9 +50,9 @@ def main() -> None:
     ap.add_argument("--model", default="convnet")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--json-out", type=Path, default=None)
-    ap.add_argument("--keep-heap", action="store_true",
-                    help="keep glibc's heaps while each profiler session runs, as dpro's TF window does "
-                         "(dpro/profiler/heap.py); default: as before #31's heap change")
+    ap.add_argument("--top-pad-mb", type=int, default=0,
+                    help="glibc's M_TOP_PAD (MiB) while each profiler session runs (128 KiB, glibc's "
+                         "default, after it): heaps are then kept, not unmapped when a step frees them")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every call's CPU ms")
     a = ap.parse_args()
     settings = [s for s in a.settings.split(",") if s]
@@ -83,10 +84,9 @@ def main() -> None:
 
     for _ in range(5):
         train_step(it)
-    sys.path.insert(0, str(REPO))
-    from dpro.profiler.heap import WindowHeap
+    import ctypes
 
-    heap = WindowHeap()
+    libc = ctypes.CDLL(None)
     rng = random.Random(0)
     walls: dict[str, list[float]] = {s: [] for s in settings}
     cpus: dict[str, list[float]] = {s: [] for s in settings}
@@ -104,8 +104,8 @@ def main() -> None:
                 level = int(s[1])
                 opts = tf.profiler.experimental.ProfilerOptions(host_tracer_level=level, python_tracer_level=0,
                                                                 device_tracer_level=0)
-                if a.keep_heap:
-                    heap.keep()
+                if a.top_pad_mb:
+                    libc.mallopt(-2, a.top_pad_mb << 20)  # M_TOP_PAD
                 tf.profiler.experimental.start(logdir, options=opts)
             w, c, f = [], [], []
             for _ in range(a.steps):
@@ -122,7 +122,8 @@ def main() -> None:
                 step += 1
             if s.startswith("l"):
                 tf.profiler.experimental.stop()
-                heap.release()
+                if a.top_pad_mb:
+                    libc.mallopt(-2, 128 << 10)
             walls[s].append(statistics.median(w))
             cpus[s].append(statistics.median(c))
             calls[s].append(c)

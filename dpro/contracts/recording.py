@@ -57,11 +57,6 @@ ENV_TF_DEVICE_TRACER_LEVEL = "DPRO_TF_DEVICE_TRACER_LEVEL"
 #: ``1``: keep TF's graph collection on through the window (default: off from the window's
 #: start once the step function's graphs were collected in the warm-up)
 ENV_TF_COLLECT_IN_WINDOW = "DPRO_TF_COLLECT_IN_WINDOW"
-#: TensorFlow: ``0``/``false``/``no`` leaves glibc's heaps as they are in the window (default:
-#: glibc's top pad raised for the window, so that the step's memory is not handed back to the
-#: kernel and faulted in again every step once the profiler's buffers fill a heap;
-#: dpro/profiler/heap.py)
-ENV_KEEP_HEAP = "DPRO_KEEP_HEAP"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"

@@ -62,7 +62,6 @@ from dpro.contracts.recording import (
 )
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig, measure_compile_enabled
-from dpro.profiler.heap import WindowHeap
 from dpro.profiler.horovod.runtime import WindowTimeline, settings_from_env
 from dpro.profiler.tensorflow.compile_probe import XlaProbe
 
@@ -149,8 +148,6 @@ class TFBackend:
         self._run_metadata: list[Any] = []
         self._who: tuple[int, int, str | None] | None = None
         self.timeline = WindowTimeline("horovod.tensorflow")
-        #: glibc's heaps kept for the window (dpro.profiler.heap)
-        self.heap = WindowHeap()
         self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
             self.xla_probe.start()
@@ -187,7 +184,6 @@ class TFBackend:
                                                              device_tracer_level=self._device_tracer_level())
         self.timeline.start(self.config.out_dir, self.config.steps,
                             len(getattr(self.model, "trainable_variables", []) or []), rank_world()[1])
-        self.heap.keep()
         self.tf.profiler.experimental.start(self.logdir, options=opts)
         self.active = True
 
@@ -201,12 +197,9 @@ class TFBackend:
         token.__exit__(None, None, None)  # type: ignore[attr-defined]
 
     def _stop(self) -> None:
-        try:
-            if self.active:
-                self.active = False
-                self.tf.profiler.experimental.stop()
-        finally:
-            self.heap.release()
+        if self.active:
+            self.active = False
+            self.tf.profiler.experimental.stop()
         self.timeline.stop()
 
     def abort(self) -> None:
