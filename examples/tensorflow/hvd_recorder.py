@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -125,12 +126,14 @@ def main() -> None:
         return float(loss)
 
     try:
-        losses, call_us, cpu_us = [], [], []
+        losses, call_us, cpu_us, minflt = [], [], [], []
         for _ in range(args.steps):  # call_us: each call timed from outside, the recorder's own work included
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0, c0 = time.perf_counter(), time.process_time()
             losses.append(step())
             call_us.append((time.perf_counter() - t0) * 1e6)
             cpu_us.append((time.process_time() - c0) * 1e6)  # the process's CPU (all threads) over the call
+            minflt.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)  # minor page faults of the call
         loss = losses[-1]
         window = recorder.window if recorder.config.enabled else range(0)
         prof = [times[i] for i in window if i < len(times)]
@@ -140,8 +143,9 @@ def main() -> None:
                   "xla": xla,
                   "profiled_steps": list(window), "median_step_us_profiled": med(prof),
                   "median_step_us_unprofiled": med(unprof), "unprofiled_steps": len(unprof),
-                  "step_us": [t * 1e6 for t in times], "call_us": call_us, "cpu_us": cpu_us, "first_loss": losses[0], "last_loss": loss}
-        print("dpro-timing " + json.dumps({k: v for k, v in timing.items() if k not in ("step_us", "call_us", "cpu_us")}), flush=True)
+                  "step_us": [t * 1e6 for t in times], "call_us": call_us, "cpu_us": cpu_us, "minflt": minflt,
+                  "first_loss": losses[0], "last_loss": loss}
+        print("dpro-timing " + json.dumps({k: v for k, v in timing.items() if k not in ("step_us", "call_us", "cpu_us", "minflt")}), flush=True)
         if args.timing_out:
             Path(f"{args.timing_out}.{hvd.rank()}.json").write_text(json.dumps(timing))
     finally:
