@@ -18,6 +18,9 @@ import heapq
 import math
 
 from dpro.graph.platform import Transfer
+from dpro.whatif.fairshare import transfer_ends
+
+_PORT = "port"
 
 
 
@@ -64,33 +67,6 @@ def multiplex(streams: list[tuple[float, float]], window: float, cost: Transfer)
 
 def share_bandwidth(flows: list[tuple[float, float]], bandwidth: float) -> list[float]:
     """End time of each flow ``(start µs, bytes)`` through one port of ``bandwidth``
-    bytes/µs shared equally among the flows active at each moment."""
-    n = len(flows)
-    order = sorted(range(n), key=lambda i: flows[i][0])
-    left = {}
-    ends = [0.0] * n
-    t = 0.0
-    k = 0
-    while k < n or left:
-        if not left:
-            t = max(t, flows[order[k]][0])
-        while k < n and flows[order[k]][0] <= t:
-            i = order[k]
-            k += 1
-            if flows[i][1] <= 0:
-                ends[i] = max(t, flows[i][0])
-            else:
-                left[i] = float(flows[i][1])
-        if not left:
-            continue
-        rate = bandwidth / len(left)
-        first = min(left.values()) / rate
-        nxt = flows[order[k]][0] - t if k < n else math.inf
-        dt = min(first, nxt)
-        t += dt
-        for i in list(left):
-            left[i] -= rate * dt
-            if left[i] <= 1e-9 * max(1.0, flows[i][1]):
-                ends[i] = t
-                del left[i]
-    return ends
+    bytes/µs shared equally among the flows active at each moment (the one-resource case
+    of :func:`dpro.whatif.fairshare.transfer_ends`)."""
+    return transfer_ends([(start, size, (_PORT,)) for start, size in flows], {_PORT: bandwidth})
