@@ -69,9 +69,14 @@ class ProcessPool:
     Where nothing else runs in this process (:func:`start_method`), ``workers - 1``
     workers are forked and this process is the last worker: it runs the items no worker
     has taken yet, from the last one back, while it waits for the next result in order
-    (one process fewer to start and to hold memory). Else ``workers`` are spawned."""
+    (one process fewer to start and to hold memory). Else ``workers`` are spawned.
+
+    ``idle``: run once in this process (fork mode) the first time it has no item left to
+    take and waits for a worker's result: work of its own that the items' results do not
+    need (the Kineto import loads numpy there, which the analysis after it needs)."""
 
     workers: int | None = None
+    idle: Callable[[], object] | None = None
 
     def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         items = list(items)
@@ -89,10 +94,10 @@ class ProcessPool:
                     for f in futures:
                         f.cancel()
             return
-        yield from _forked(fn, items, n - 1)
+        yield from _forked(fn, items, n - 1, self.idle)
 
 
-def _forked(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R]:
+def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[], object] | None = None) -> Iterator[R]:
     """:class:`ProcessPool`'s fork mode: ``workers`` forked processes and this one.
 
     The workers take the items from the front, one each at a time (the next one is
@@ -151,6 +156,9 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R]:
                     except Exception as e:  # noqa: BLE001 - raised in item order, below
                         here[j] = (False, e)
                 f = owner[i]
+                if idle is not None and f is not None and not f.done():
+                    idle()  # nothing left to take: this process would only wait
+                    idle = None
                 if f is None:
                     ok, r = here.pop(i)
                     if not ok:
