@@ -8,6 +8,10 @@ round to round), each in a fresh child process (Python start-up included):
 * **dpro**: ``dpro replay DIR --json --no-cache`` (import every rank, align the clocks, op
   statistics, build the global graph, replay).
 
+Before the rounds, one untimed run of each command writes the bytecode of every module it
+imports into a private cache (``PYTHONPYCACHEPREFIX``, :func:`bytecode_env`): both tools then
+start as installed packages do, whatever the checkouts' ``__pycache__`` holds.
+
 Measured per run: wall seconds and the peak of the RSS summed over the child and its
 descendants (both tools may use worker processes; ``ru_maxrss`` would give the largest one
 only), sampled every 20 ms (benchmarks/proctree.py). Printed: medians, and the
@@ -70,13 +74,17 @@ def _result(stdout: str) -> object:
     return strip(json.loads(stdout))
 
 
-def bench(path: Path, repeat: int, base: Path | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_NO_CACHE="1")
+def bench(path: Path, repeat: int, base: Path | None = None, pycache: Path | None = None) -> dict:
+    """``repeat`` interleaved rounds of each tool on ``path``, after one untimed warm-up run
+    of each (see :func:`bytecode_env`)."""
+    env = bytecode_env(dict(os.environ, PYTHONPATH=str(REPO), DPRO_NO_CACHE="1"), pycache)
     path = path.resolve()  # the commands run in the checkout's directory
     cmds = _commands(path)
     envs = {"hta": env, "dpro": env}
     if base is not None:  # another checkout's dpro, first on the path
         cmds["base"], envs["base"] = cmds["dpro"], dict(env, PYTHONPATH=str(base.resolve()))
+    for tool in cmds:  # the bytecode of every module each one imports, and the files in the page cache
+        run_once(cmds[tool], envs[tool])
     runs: dict[str, list[dict]] = {t: [] for t in cmds}
     for r in range(repeat):
         for tool in (list(cmds) if r % 2 == 0 else list(cmds)[::-1]):
@@ -103,6 +111,20 @@ def bench(path: Path, repeat: int, base: Path | None = None) -> dict:
         if _result(runs["base"][0]["stdout"]) != _result(runs["dpro"][0]["stdout"]):
             print(f"{path}: note: dpro's output differs from the base checkout's", file=sys.stderr)
     return out
+
+
+def bytecode_env(env: dict, pycache: Path | None) -> dict:
+    """``env`` for the measured commands: their modules' bytecode written to and read from
+    ``pycache`` (``PYTHONPYCACHEPREFIX``; the warm-up run writes it), as an installed package
+    has it. With ``PYTHONDONTWRITEBYTECODE`` set and a checkout whose ``__pycache__`` is stale
+    (an edited or editable checkout), every run would otherwise compile those modules from
+    source again (~0.1-0.3 s), a cost neither tool has when installed; nothing is written
+    into the checkouts or site-packages."""
+    if pycache is None:
+        return env
+    env = dict(env, PYTHONPYCACHEPREFIX=str(pycache))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def generate(src: Path, out: Path, mb: int) -> Path:
@@ -158,7 +180,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if not p.is_dir():
                 print(f"skipped (not a directory here): {p}", file=sys.stderr)
                 continue
-            r = bench(p, a.repeat, a.base)
+            r = bench(p, a.repeat, a.base, Path(tmp) / "pycache")
             out.append(r)
             if not a.json:
                 print(f"{p.name}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB on disk; medians of {a.repeat}: "

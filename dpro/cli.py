@@ -122,13 +122,17 @@ def replay(
         return
     from dpro.executor import mapper_for
     from dpro.job import open_job
-    from dpro.replayer.timeline import write_timeline
 
     mapper = mapper_for(ray_address) if ray_address else None
     job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,
                    progress=False if as_json else None, mapper=mapper)
+    import gc
+
+    gc.freeze()  # the trace lives until this process ends: the collector need not traverse it again
     res = job.replay(expand_collectives=not no_expand)
     if timeline:
+        from dpro.replayer.timeline import write_timeline
+
         write_timeline(timeline, res.graph, res.schedule)
     if as_json:
         out = res.to_json()

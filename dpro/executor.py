@@ -69,9 +69,14 @@ class ProcessPool:
     Where nothing else runs in this process (:func:`start_method`), ``workers - 1``
     workers are forked and this process is the last worker: it runs the items no worker
     has taken yet, from the last one back, while it waits for the next result in order
-    (one process fewer to start and to hold memory). Else ``workers`` are spawned."""
+    (one process fewer to start and to hold memory). Else ``workers`` are spawned.
+
+    ``idle``: run once in this process (fork mode) the first time it has no item left to
+    take and waits for a worker's result: work of its own that the items' results do not
+    need (the Kineto import loads numpy there, which the analysis after it needs)."""
 
     workers: int | None = None
+    idle: Callable[[], object] | None = None
 
     def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         items = list(items)
@@ -89,37 +94,72 @@ class ProcessPool:
                     for f in futures:
                         f.cancel()
             return
-        yield from _forked(fn, items, n - 1)
+        yield from _forked(fn, items, n - 1, self.idle)
 
 
-def _forked(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R]:
-    """:class:`ProcessPool`'s fork mode: ``workers`` forked processes and this one."""
+def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[], object] | None = None) -> Iterator[R]:
+    """:class:`ProcessPool`'s fork mode: ``workers`` forked processes and this one.
+
+    The workers take the items from the front, one each at a time (the next one is
+    submitted when a worker's result comes back), and this process takes them from the
+    back: no item waits queued for a busy worker while this process could run it
+    (``ProcessPoolExecutor`` queues one item more than it has workers: submitting them all
+    at once left this process idle for that item's whole run at the end, ~0.5 s of a grown
+    dlrm rank)."""
     for stream in (sys.stdout, sys.stderr):  # a forked worker would write buffered output again
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
+    lock = threading.Lock()
+    owner: dict[int, Future | None] = {}  # index -> its worker's future, or None: run here
+    span = [0, len(items)]  # the items not started yet: items[span[0]:span[1]]
+    stopped = False
+
+    def feed(_done: object = None) -> None:
+        """Give a worker the first item not started yet (a done callback: the worker is free)."""
+        with lock:
+            if stopped or span[0] >= span[1]:
+                return
+            i = span[0]
+            try:
+                owner[i] = pool.submit(fn, items[i])
+            except RuntimeError:  # shut down or broken: this process runs what is left
+                return
+            span[0] += 1
+        owner[i].add_done_callback(feed)
+
     gc.freeze()  # the workers' garbage collector then leaves this process's objects (their pages) alone
     try:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
-        futures: list[Future] = [pool.submit(fn, x) for x in items]  # a fork pool starts its workers now
+        for _ in range(workers):
+            feed()  # a fork pool starts its workers now
     finally:
         gc.unfreeze()
     here: dict[int, tuple[bool, object]] = {}  # index -> (ok, result or exception), run in this process
-    back = len(items) - 1
     with pool:
         try:
-            for i, f in enumerate(futures):
-                while i not in here and not f.done():
-                    while back > i and (back in here or not futures[back].cancel()):
-                        back -= 1  # taken by a worker (or done here)
-                    if back <= i:
+            for i in range(len(items)):
+                while True:
+                    with lock:
+                        f = owner.get(i, ...)
+                        j = None
+                        if f is ... or (f is not None and not f.done()):
+                            if span[0] < span[1]:  # take the last item not started (at the end: i itself)
+                                span[1] -= 1
+                                j = span[1]
+                                owner[j] = None
+                    if j is None:
                         break
                     try:
-                        here[back] = (True, fn(items[back]))
+                        here[j] = (True, fn(items[j]))
                     except Exception as e:  # noqa: BLE001 - raised in item order, below
-                        here[back] = (False, e)
-                if i in here:
+                        here[j] = (False, e)
+                f = owner[i]
+                if idle is not None and f is not None and not f.done():
+                    idle()  # nothing left to take: this process would only wait
+                    idle = None
+                if f is None:
                     ok, r = here.pop(i)
                     if not ok:
                         raise r  # type: ignore[misc]
@@ -127,8 +167,11 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R]:
                 else:
                     yield f.result()
         finally:
-            for f in futures:
-                f.cancel()
+            with lock:
+                stopped = True
+            for f in list(owner.values()):
+                if f is not None:
+                    f.cancel()
 
 
 def _apply(fn: Callable[[T], R], item: T) -> R:

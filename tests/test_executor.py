@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,26 @@ def test_forked_pool_runs_items_here_too_and_raises_in_item_order():
     assert next(it) == 0 and next(it) == 2
     with pytest.raises(ValueError, match="odd 5"):
         next(it)
+
+
+def _sleep_first(i: int) -> int:
+    if i == 0:
+        time.sleep(1.0)
+    return i
+
+
+def test_forked_pool_runs_idle_once_while_it_waits():
+    """``idle`` runs once, in this process, when it has nothing left to take and waits for
+    the worker (item 0, slow); the results are unchanged. The Kineto import's pool loads
+    numpy there."""
+    from dpro.importers.kineto.pool import default_mapper
+
+    calls: list[int] = []
+    pool = ProcessPool(2, idle=lambda: calls.append(os.getpid()))
+    assert list(pool(_sleep_first, range(4))) == [0, 1, 2, 3]
+    assert calls == [os.getpid()]
+    mapper = default_mapper([2**20] * 8)
+    assert isinstance(mapper, ProcessPool) and mapper.idle is not None
 
 
 def test_mapper_for():

@@ -86,3 +86,29 @@ def test_stalled_steps_are_named_in_the_replay_notes():
     res = replay_on_one_clock(gt)
     assert steps[1] not in res.steps
     assert any(n.startswith(f"steps [{steps[1]}] left out as stalls") for n in res.notes)
+
+
+def test_duplicate_events_and_events_outside_the_dfg():
+    """Two events of one op in one step (the last counts: the per-op way) and events of an op
+    that is not in the DFG (still a predecessor's end) give the definition's results too."""
+    rng = random.Random(7)
+    steps = {s: (s * 1000.0, 900.0) for s in range(6)}
+    ops = {f"op{i}": Op(f"op{i}", f"op{i}", "FW", "cpu:0") for i in range(20)}
+    edges = [(f"op{rng.randrange(i)}", f"op{i}") for i in range(1, 20)] + [("ghost", "op5"), ("op3", "ghost")]
+    events = [Event(op, s, steps[s][0] + rng.uniform(0, 800), rng.uniform(0, 50)) for op in ops for s in steps]
+    events += [Event("ghost", s, steps[s][0] + 850.0, 1.0) for s in steps]
+    nt = NodeTrace(NodeInfo("w0", "worker", 0, "h"), ops, edges, events, steps)
+    same(nt, None)
+    same(nt, [1, 2, 3, 4])  # even counts: the median of the two middle values
+    nt.events.append(Event("op4", 2, 2100.0, 3.0))  # op4 twice in step 2
+    same(nt, None)
+
+
+def test_median_rows_is_numpy_median():
+    rng = np.random.default_rng(0)
+    from dpro.graph.stats import _median, _median_rows
+
+    for k in range(1, 12):
+        a = rng.normal(size=(5, k)) * 1e6
+        assert (_median_rows(a) == np.median(a, axis=1)).all()
+        assert all(_median(list(r)) == float(np.median(r)) for r in a)

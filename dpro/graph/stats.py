@@ -16,6 +16,7 @@ do not move it.  The measured iteration time uses the same steps.
 from __future__ import annotations
 
 from collections import defaultdict
+from operator import attrgetter
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,8 @@ class OpStats:
     #: per-step samples: step -> (ts, end, P)
     samples: dict[int, tuple[float, float, float]]
 
+
+_OP, _STEP, _TS, _DUR = attrgetter("op"), attrgetter("step"), attrgetter("ts"), attrgetter("dur")
 
 TRIM = 0.2
 #: a step in which some node took more than this times the median step is a stall
@@ -65,18 +68,111 @@ def stalled_steps(nodes: list[NodeTrace], steps: list[int], stall: float = STALL
     if not steps:
         return []
     peak = {s: max([nt.steps[s][1] for nt in nodes if s in nt.steps] or [0.0]) for s in steps}
-    limit = stall * float(np.median(list(peak.values())))
+    limit = stall * _median(list(peak.values()))
     return [s for s in steps if peak[s] > limit]
+
+
+def _median(values: list[float]) -> float:
+    """``float(np.median(values))`` of finite values, bit for bit, without numpy's NaN
+    check (its first call imports ``numpy.ma``, ~20 ms)."""
+    v = sorted(values)
+    k = len(v) // 2
+    return float(v[k]) if len(v) % 2 else (v[k - 1] + v[k]) / 2.0
 
 
 def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpStats]:
     """Mean ``dur``/``gap`` of every op of a node over ``steps`` (default: all).
 
-    Vectorised: the ops with the same number of samples are reduced together (one numpy
-    mean/median over a ``(ops, samples)`` array, each row summed in the same order and by the
-    same pairwise sum as a 1-D mean of that op alone, so the results are bit-identical to
-    one call per op).
+    Vectorised over the ops and the steps: the events in ``steps`` go into an (ops, steps)
+    table, each op's ``P`` is the maximum of its predecessors' ends over the edges (one
+    numpy reduction), and the ops with the same number of samples are reduced together
+    (one numpy mean over an ``(ops, samples)`` array, each row summed in the same order
+    and by the same pairwise sum as a 1-D mean of that op alone; the median as
+    ``np.median`` takes it), so the results are bit-identical to one op at a time
+    (tests/test_node_stats.py). A node with two events of one op in one step (the last
+    one counts) takes :func:`_node_stats_per_op`, the same definition one op at a time.
     """
+    use = set(steps) if steps else set(nt.steps)
+    order = list(use)  # the set's order: the order of every op's samples
+    col = {s: j for j, s in enumerate(order)}
+    evs = nt.events
+    if any(s not in col for s in {e.step for e in evs}):
+        evs = [e for e in evs if e.step in col]
+    index = {op: i for i, op in enumerate(nt.ops)}
+    n_known, k_ev = len(index), len(evs)
+    names = list(map(_OP, evs))
+    for x in set(names).difference(index):  # events of an op outside the DFG: still a predecessor's end
+        index[x] = len(index)
+    n, m = len(index), len(order)
+    cell = np.fromiter(map(index.__getitem__, names), np.int64, k_ev) * m
+    cell += np.fromiter(map(col.__getitem__, map(_STEP, evs)), np.int64, k_ev)
+    if len(np.unique(cell)) != k_ev:
+        return _node_stats_per_op(nt, steps)
+    present = np.zeros(n * m, bool)
+    present[cell] = True
+    ts = np.zeros(n * m)
+    end = np.zeros(n * m)
+    ev_ts = np.fromiter(map(_TS, evs), float, k_ev)
+    ts[cell] = ev_ts
+    end[cell] = ev_ts + np.fromiter(map(_DUR, evs), float, k_ev)  # as e.ts + e.dur
+    present, ts, end = present.reshape(n, m), ts.reshape(n, m), end.reshape(n, m)
+    # P: the latest end of a present predecessor, else the step start (else the op's start)
+    in_steps = np.array([s in nt.steps for s in order], bool)
+    start = np.array([nt.steps[s][0] if s in nt.steps else 0.0 for s in order], float)
+    P = np.where(in_steps, start, ts)
+    edges = [(index[a], index[b]) for a, b in nt.edges if a in index and b in index]
+    if edges:
+        e = np.array(edges, np.int64)
+        e = e[np.argsort(e[:, 1], kind="stable")]
+        ends = np.where(present[e[:, 0]], end[e[:, 0]], -np.inf)
+        heads = np.flatnonzero(np.r_[True, e[1:, 1] != e[:-1, 1]])
+        latest = np.maximum.reduceat(ends, heads, axis=0)
+        rows = e[heads, 1]
+        P[rows] = np.where(latest > -np.inf, latest, P[rows])
+    out: dict[str, OpStats] = {}
+    tsl, endl, Pl, pres = ts.tolist(), end.tolist(), P.tolist(), present.tolist()
+    cols = range(m)
+    full = present.all(axis=1).tolist()
+    for i, op in enumerate(nt.ops):
+        a, b, c = tsl[i], endl[i], Pl[i]
+        if full[i]:
+            samples = dict(zip(order, zip(a, b, c)))
+        else:
+            r = pres[i]
+            samples = {order[j]: (a[j], b[j], c[j]) for j in cols if r[j]}
+        out[op] = OpStats(0.0, 0.0, 0.0, samples)
+    counts = present[:n_known].sum(axis=1)
+    ops = list(nt.ops)
+    for k in np.unique(counts):
+        if k == 0:
+            continue
+        sel = np.flatnonzero(counts == k)
+        mask = present[sel]
+        t = ts[sel][mask].reshape(-1, k)
+        P_k = P[sel][mask].reshape(-1, k)
+        dur = np.mean(np.maximum(0.0, end[sel][mask].reshape(-1, k) - np.maximum(t, P_k)), axis=1)
+        gap = np.mean(np.maximum(0.0, t - P_k), axis=1)
+        off = _median_rows(t - np.broadcast_to(start, (len(sel), m))[mask].reshape(-1, k))
+        for i, d, g, o in zip(sel.tolist(), dur.tolist(), gap.tolist(), off.tolist()):
+            st = out[ops[i]]
+            st.dur, st.gap, st.offset = d, g, o
+    return out
+
+
+def _median_rows(a: np.ndarray) -> np.ndarray:
+    """``np.median(a, axis=1)`` of finite values, bit for bit (the middle value, or the
+    mean of the two middle ones), without its NaN check (which imports ``numpy.ma``)."""
+    k = a.shape[1]
+    s = np.sort(a, axis=1)
+    if k % 2:
+        return s[:, k // 2]
+    return (s[:, k // 2 - 1] + s[:, k // 2]) / 2.0
+
+
+def _node_stats_per_op(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpStats]:
+    """:func:`node_stats` one op at a time (a dict of the events, a loop over each op's
+    steps and predecessors): the definition, and the way for a node with two events of one
+    op in one step (the last one counts)."""
     use = set(steps) if steps else set(nt.steps)
     order = list(use)  # the set's order: the order of every op's samples
     ev: dict[tuple[str, int], tuple[float, float]] = {}

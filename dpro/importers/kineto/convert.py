@@ -755,14 +755,17 @@ def import_kineto(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *,
     if mapper is None:
         mapper = default_mapper([_size(p) for p in files])
     results = []
-    with progress_bar(len(files), "importing traces", enabled=progress) as tick:
+    # the collector paused here too: the results that come back from worker processes are
+    # unpickled here (each rank's events, no cycles), and every collection would traverse
+    # the ranks already in
+    with _gc_paused(), progress_bar(len(files), "importing traces", enabled=progress) as tick:
         try:
             for r in mapper(import_rank, tasks):
                 results.append(r)
                 tick(r.path.name)
         except BrokenProcessPool:
             raise DproInputError(path, "a worker process importing the rank files died (out of memory?)") from None
-    return join_ranks(path, results)
+        return join_ranks(path, results)
 
 
 def _size(p: Path) -> int:

@@ -41,4 +41,11 @@ def default_mapper(sizes: Sequence[int]) -> Mapper:
                   total // (2 * largest) if largest else len(sizes))
     if workers <= 1 or total < (POOL_MIN_BYTES_FORK if start_method() == "fork" else POOL_MIN_BYTES):
         return serial
-    return ProcessPool(workers)
+    return ProcessPool(workers, idle=_load_numpy)
+
+
+def _load_numpy() -> None:
+    """Import numpy (what the analysis after an import needs first: op statistics, the
+    replay's arrays; ~0.1 s) while this process waits for a forked worker's last ranks,
+    instead of after them; the import itself does not need it (nor do the workers)."""
+    import numpy  # noqa: F401
