@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import mmap
 import multiprocessing
 import os
 import socket
@@ -120,14 +121,18 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[
         except (AttributeError, OSError, ValueError):
             pass
     ctx = multiprocessing.get_context("fork")
-    span = ctx.Array("q", [0, len(items)])  # with its own lock
+    # two int64 in an anonymous shared mapping (what the forked workers see), and a lock:
+    # a multiprocessing.Array would import ctypes (~4 ms before the first rank starts)
+    span = memoryview(mmap.mmap(-1, 16)).cast("q")
+    span[0], span[1] = 0, len(items)
+    span_lock = ctx.Lock()
     done = threading.Condition()
     results: dict[int, tuple[bool, object]] = {}  # index -> (ok, result or exception)
     failed: list[BaseException] = []  # the pool broke (a worker died)
     stopped = False
 
     def take(front: bool) -> int | None:
-        with span.get_lock():
+        with span_lock:
             if span[0] >= span[1]:
                 return None
             if front:
@@ -168,7 +173,7 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[
     gc.freeze()  # the workers' garbage collector then leaves this process's objects (their pages) alone
     try:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_claim_setup,
-                                   initargs=(span, fn, items))
+                                   initargs=(span, span_lock, fn, items))
         for _ in range(workers):  # a fork pool starts its workers now; each begins with an item from the front
             if (i := take(front=True)) is not None:
                 submit(i)
@@ -203,29 +208,29 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[
                 yield r  # type: ignore[misc]
         finally:
             stopped = True
-            with span.get_lock():
+            with span_lock:
                 span[0] = span[1]  # the workers take nothing more
             sys.setswitchinterval(switch)
 
 
-#: in a forked worker of :func:`_forked` only: (span, fn, items), inherited, never pickled
-_claim_state: tuple[Any, Callable[[Any], Any], list[Any]] | None = None
+#: in a forked worker of :func:`_forked` only: (span, its lock, fn, items), inherited, never pickled
+_claim_state: tuple[memoryview, Any, Callable[[Any], Any], list[Any]] | None = None
 
 
-def _claim_setup(span: Any, fn: Callable[[Any], Any], items: list[Any]) -> None:
+def _claim_setup(span: memoryview, lock: Any, fn: Callable[[Any], Any], items: list[Any]) -> None:
     """A forked worker's initializer: what :func:`_claim` takes its items from."""
     global _claim_state
-    _claim_state = (span, fn, items)
+    _claim_state = (span, lock, fn, items)
 
 
 def _claim(first: int | None = None) -> tuple[int, bool, object] | None:
     """In a forked worker: ``fn`` on item ``first``, else on the first item not started
     (taken from the shared span), as (index, ok, result or exception); None when none is left."""
     assert _claim_state is not None
-    span, fn, items = _claim_state
+    span, lock, fn, items = _claim_state
     i = first
     if i is None:
-        with span.get_lock():
+        with lock:
             if span[0] >= span[1]:
                 return None
             i = span[0]
