@@ -123,11 +123,15 @@ def replay(
     from dpro.executor import mapper_for
     from dpro.job import open_job
 
-    mapper = mapper_for(ray_address) if ray_address else None
-    job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,
-                   progress=False if as_json else None, mapper=mapper)
     import gc
 
+    mapper = mapper_for(ray_address) if ray_address else None
+    gc.disable()  # opening makes few cycles; each collection would traverse the trace just imported
+    try:
+        job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,
+                       progress=False if as_json else None, mapper=mapper)
+    finally:
+        gc.enable()
     gc.freeze()  # the trace lives until this process ends: the collector need not traverse it again
     res = job.replay(expand_collectives=not no_expand)
     if timeline:

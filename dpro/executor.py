@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import mmap
 import multiprocessing
 import os
 import socket
@@ -97,81 +98,147 @@ class ProcessPool:
         yield from _forked(fn, items, n - 1, self.idle)
 
 
+#: the GIL's switch interval in this process while :func:`_forked` runs (Python's default: 5 ms)
+SWITCH_INTERVAL_S = 2e-4
+
+
 def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[], object] | None = None) -> Iterator[R]:
     """:class:`ProcessPool`'s fork mode: ``workers`` forked processes and this one.
 
-    The workers take the items from the front, one each at a time (the next one is
-    submitted when a worker's result comes back), and this process takes them from the
-    back: no item waits queued for a busy worker while this process could run it
-    (``ProcessPoolExecutor`` queues one item more than it has workers: submitting them all
-    at once left this process idle for that item's whole run at the end, ~0.5 s of a grown
-    dlrm rank)."""
+    The items not started yet are ``items[span[0]:span[1]]``, two integers in shared memory
+    that the forked workers inherit: a worker takes the first one itself when it starts a
+    task (:func:`_claim`), this process takes the last one. So no item waits queued for a
+    busy worker while this process could run it (``ProcessPoolExecutor`` queues one more
+    than it has workers: submitting the items themselves left this process idle for that
+    item's whole run at the end, ~0.5 s of a grown dlrm rank), and a worker does not wait
+    for this process between items either: two claims are queued per worker, and a
+    finished one is replaced from the pool's callback (handing it the next item from here
+    cost the worker 30-50 ms of idle time per item on ``param_dlrm_8rank``, this process
+    being busy converting its own rank)."""
     for stream in (sys.stdout, sys.stderr):  # a forked worker would write buffered output again
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
-    lock = threading.Lock()
-    owner: dict[int, Future | None] = {}  # index -> its worker's future, or None: run here
-    span = [0, len(items)]  # the items not started yet: items[span[0]:span[1]]
+    ctx = multiprocessing.get_context("fork")
+    # two int64 in an anonymous shared mapping (what the forked workers see), and a lock:
+    # a multiprocessing.Array would import ctypes (~4 ms before the first rank starts)
+    span = memoryview(mmap.mmap(-1, 16)).cast("q")
+    span[0], span[1] = 0, len(items)
+    span_lock = ctx.Lock()
+    done = threading.Condition()
+    results: dict[int, tuple[bool, object]] = {}  # index -> (ok, result or exception)
+    failed: list[BaseException] = []  # the pool broke (a worker died)
     stopped = False
 
-    def feed(_done: object = None) -> None:
-        """Give a worker the first item not started yet (a done callback: the worker is free)."""
-        with lock:
-            if stopped or span[0] >= span[1]:
-                return
-            i = span[0]
-            try:
-                owner[i] = pool.submit(fn, items[i])
-            except RuntimeError:  # shut down or broken: this process runs what is left
-                return
-            span[0] += 1
-        owner[i].add_done_callback(feed)
+    def take(front: bool) -> int | None:
+        with span_lock:
+            if span[0] >= span[1]:
+                return None
+            if front:
+                span[0] += 1
+                return span[0] - 1
+            span[1] -= 1
+            return span[1]
 
+    def submit(first: int | None = None) -> None:
+        try:
+            f = pool.submit(_claim, first)
+        except RuntimeError:  # shut down or broken: this process runs what is left
+            return
+        f.add_done_callback(collect)
+
+    def collect(f: Future) -> None:
+        """A claim's result (a done callback): kept, and the worker given another claim."""
+        try:
+            r = f.result()
+        except BaseException as e:  # noqa: BLE001 - the pool broke: raised below, where an item needs it
+            with done:
+                failed.append(e)
+                done.notify_all()
+            return
+        if r is None:
+            return  # nothing was left to take
+        with done:
+            results[r[0]] = (r[1], r[2])
+            done.notify_all()
+        if not stopped:
+            submit()
+
+    switch = sys.getswitchinterval()
+    # the pool's thread reads a worker's result from a pipe 64 KiB at a time, and needs the GIL
+    # between reads, which this process's own items hold for the switch interval (5 ms) each
+    # time: the worker, blocked on the full pipe, waited ~25 ms per rank of param_dlrm_8rank
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     gc.freeze()  # the workers' garbage collector then leaves this process's objects (their pages) alone
     try:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
-        for _ in range(workers):
-            feed()  # a fork pool starts its workers now
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_claim_setup,
+                                   initargs=(span, span_lock, fn, items))
+        for _ in range(workers):  # a fork pool starts its workers now; each begins with an item from the front
+            if (i := take(front=True)) is not None:
+                submit(i)
+                submit()
     finally:
         gc.unfreeze()
-    here: dict[int, tuple[bool, object]] = {}  # index -> (ok, result or exception), run in this process
     with pool:
         try:
             for i in range(len(items)):
-                while True:
-                    with lock:
-                        f = owner.get(i, ...)
-                        j = None
-                        if f is ... or (f is not None and not f.done()):
-                            if span[0] < span[1]:  # take the last item not started (at the end: i itself)
-                                span[1] -= 1
-                                j = span[1]
-                                owner[j] = None
-                    if j is None:
-                        break
-                    try:
-                        here[j] = (True, fn(items[j]))
-                    except Exception as e:  # noqa: BLE001 - raised in item order, below
-                        here[j] = (False, e)
-                f = owner[i]
-                if idle is not None and f is not None and not f.done():
-                    idle()  # nothing left to take: this process would only wait
-                    idle = None
-                if f is None:
-                    ok, r = here.pop(i)
-                    if not ok:
-                        raise r  # type: ignore[misc]
-                    yield r  # type: ignore[misc]
-                else:
-                    yield f.result()
+                while i not in results:
+                    j = take(front=False)  # the last item not started (at the end: i itself)
+                    if j is not None:
+                        try:
+                            r = (True, fn(items[j]))
+                        except Exception as e:  # noqa: BLE001 - raised in item order, below
+                            r = (False, e)
+                        with done:
+                            results[j] = r
+                        continue
+                    if idle is not None:
+                        idle()  # nothing left to take: this process would only wait
+                        idle = None
+                        continue
+                    with done:
+                        done.wait_for(lambda: i in results or bool(failed))
+                        if i not in results:
+                            raise failed[0]
+                with done:
+                    ok, r = results.pop(i)
+                if not ok:
+                    raise r  # type: ignore[misc]
+                yield r  # type: ignore[misc]
         finally:
-            with lock:
-                stopped = True
-            for f in list(owner.values()):
-                if f is not None:
-                    f.cancel()
+            stopped = True
+            with span_lock:
+                span[0] = span[1]  # the workers take nothing more
+            sys.setswitchinterval(switch)
+
+
+#: in a forked worker of :func:`_forked` only: (span, its lock, fn, items), inherited, never pickled
+_claim_state: tuple[memoryview, Any, Callable[[Any], Any], list[Any]] | None = None
+
+
+def _claim_setup(span: memoryview, lock: Any, fn: Callable[[Any], Any], items: list[Any]) -> None:
+    """A forked worker's initializer: what :func:`_claim` takes its items from."""
+    global _claim_state
+    _claim_state = (span, lock, fn, items)
+
+
+def _claim(first: int | None = None) -> tuple[int, bool, object] | None:
+    """In a forked worker: ``fn`` on item ``first``, else on the first item not started
+    (taken from the shared span), as (index, ok, result or exception); None when none is left."""
+    assert _claim_state is not None
+    span, lock, fn, items = _claim_state
+    i = first
+    if i is None:
+        with lock:
+            if span[0] >= span[1]:
+                return None
+            i = span[0]
+            span[0] = i + 1
+    try:
+        return i, True, fn(items[i])
+    except Exception as e:  # noqa: BLE001 - raised in this process's item order
+        return i, False, e
 
 
 def _apply(fn: Callable[[T], R], item: T) -> R:

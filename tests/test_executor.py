@@ -100,3 +100,32 @@ def test_without_ray_one_line(monkeypatch, tmp_path):
                          env={**os.environ, "DPRO_CACHE_DIR": str(tmp_path)})
     assert out.returncode != 0
     assert out.stderr.strip().splitlines() == ["dpro: error: --ray needs Ray: pip install 'dpro[ray]'"]
+
+
+def _slow_last_here(x: int) -> tuple[int, int]:
+    if x == 5:
+        time.sleep(1.0)
+    return x, os.getpid()
+
+
+def _die_on_zero(x: int) -> int:
+    if x == 0:
+        os._exit(3)
+    return x
+
+
+def test_forked_worker_takes_the_items_itself_and_a_dead_worker_is_raised():
+    """The forked worker takes the next item on its own (a shared span, no round trip
+    through this process): while this process runs the last item (slow), the worker runs
+    all the others. A worker that dies raises BrokenProcessPool, no hang; stopping early
+    leaves nothing running."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    done = list(ProcessPool(2)(_slow_last_here, range(6)))
+    assert [x for x, _ in done] == list(range(6))
+    assert done[5][1] == os.getpid() and all(pid != os.getpid() for _, pid in done[:5])
+    with pytest.raises(BrokenProcessPool):
+        list(ProcessPool(2)(_die_on_zero, range(4)))
+    it = ProcessPool(2)(functools.partial(operator.mul, 2), range(50))
+    assert next(it) == 0
+    it.close()

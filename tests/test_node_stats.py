@@ -70,6 +70,10 @@ def test_random_nodes_bit_identical(seed: int):
     nt = NodeTrace(NodeInfo("w0", "worker", 0, "h"), ops, edges, events, steps)
     same(nt, None)
     same(nt, sorted(rng.sample(range(n_steps), max(1, n_steps // 2))) + [n_steps + 5])
+    same(nt, [rng.randrange(n_steps)])  # one step: its own path, ops without an event in it included
+    nt.edges.append(("op3", "ghost"))  # an edge to an op of neither the DFG nor the events: left out
+    same(nt, None)
+    same(nt, [0])
 
 
 def test_stalled_steps_are_named_in_the_replay_notes():

@@ -16,7 +16,7 @@ do not move it.  The measured iteration time uses the same steps.
 from __future__ import annotations
 
 from collections import defaultdict
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,7 @@ class OpStats:
 
 
 _OP, _STEP, _TS, _DUR = attrgetter("op"), attrgetter("step"), attrgetter("ts"), attrgetter("dur")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 TRIM = 0.2
 #: a step in which some node took more than this times the median step is a stall
@@ -106,10 +107,10 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
     n, m = len(index), len(order)
     cell = np.fromiter(map(index.__getitem__, names), np.int64, k_ev) * m
     cell += np.fromiter(map(col.__getitem__, map(_STEP, evs)), np.int64, k_ev)
-    if len(np.unique(cell)) != k_ev:
-        return _node_stats_per_op(nt, steps)
     present = np.zeros(n * m, bool)
     present[cell] = True
+    if int(np.count_nonzero(present)) != k_ev:  # a cell twice (not np.unique: it imports numpy.ma, ~20 ms)
+        return _node_stats_per_op(nt, steps)
     ts = np.zeros(n * m)
     end = np.zeros(n * m)
     ev_ts = np.fromiter(map(_TS, evs), float, k_ev)
@@ -120,9 +121,8 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
     in_steps = np.array([s in nt.steps for s in order], bool)
     start = np.array([nt.steps[s][0] if s in nt.steps else 0.0 for s in order], float)
     P = np.where(in_steps, start, ts)
-    edges = [(index[a], index[b]) for a, b in nt.edges if a in index and b in index]
-    if edges:
-        e = np.array(edges, np.int64)
+    e = _edge_array(nt.edges, index)
+    if len(e):
         e = e[np.argsort(e[:, 1], kind="stable")]
         ends = np.where(present[e[:, 0]], end[e[:, 0]], -np.inf)
         heads = np.flatnonzero(np.r_[True, e[1:, 1] != e[:-1, 1]])
@@ -130,20 +130,26 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
         rows = e[heads, 1]
         P[rows] = np.where(latest > -np.inf, latest, P[rows])
     out: dict[str, OpStats] = {}
-    tsl, endl, Pl, pres = ts.tolist(), end.tolist(), P.tolist(), present.tolist()
-    cols = range(m)
-    full = present.all(axis=1).tolist()
-    for i, op in enumerate(nt.ops):
-        a, b, c = tsl[i], endl[i], Pl[i]
-        if full[i]:
-            samples = dict(zip(order, zip(a, b, c)))
-        else:
-            r = pres[i]
-            samples = {order[j]: (a[j], b[j], c[j]) for j in cols if r[j]}
-        out[op] = OpStats(0.0, 0.0, 0.0, samples)
+    if m == 1:  # one step (param_dlrm_8rank): the same samples without a row list and a zip per op
+        s0 = order[0]
+        for op, f, a, b, c in zip(nt.ops, present[:, 0].tolist(), ts[:, 0].tolist(), end[:, 0].tolist(),
+                                  P[:, 0].tolist()):
+            out[op] = OpStats(0.0, 0.0, 0.0, {s0: (a, b, c)} if f else {})
+    else:
+        tsl, endl, Pl, pres = ts.tolist(), end.tolist(), P.tolist(), present.tolist()
+        cols = range(m)
+        full = present.all(axis=1).tolist()
+        for i, op in enumerate(nt.ops):
+            a, b, c = tsl[i], endl[i], Pl[i]
+            if full[i]:
+                samples = dict(zip(order, zip(a, b, c)))
+            else:
+                r = pres[i]
+                samples = {order[j]: (a[j], b[j], c[j]) for j in cols if r[j]}
+            out[op] = OpStats(0.0, 0.0, 0.0, samples)
     counts = present[:n_known].sum(axis=1)
     ops = list(nt.ops)
-    for k in np.unique(counts):
+    for k in sorted(set(counts.tolist())):  # np.unique's values, without importing numpy.ma
         if k == 0:
             continue
         sel = np.flatnonzero(counts == k)
@@ -157,6 +163,17 @@ def node_stats(nt: NodeTrace, steps: list[int] | None = None) -> dict[str, OpSta
             st = out[ops[i]]
             st.dur, st.gap, st.offset = d, g, o
     return out
+
+
+def _edge_array(edges: list[tuple[str, str]], index: dict[str, int]) -> np.ndarray:
+    """The edges between ops of ``index`` as an (edges, 2) array of their indices."""
+    k = len(edges)
+    try:  # every edge's ops known (a validated trace): no list of pairs in between
+        return np.stack([np.fromiter(map(index.__getitem__, map(_FIRST, edges)), np.int64, k),
+                         np.fromiter(map(index.__getitem__, map(_SECOND, edges)), np.int64, k)], axis=1) \
+            if k else np.empty((0, 2), np.int64)
+    except KeyError:
+        return np.array([(index[a], index[b]) for a, b in edges if a in index and b in index], np.int64).reshape(-1, 2)
 
 
 def _median_rows(a: np.ndarray) -> np.ndarray:
