@@ -178,6 +178,9 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[
             if (i := take(front=True)) is not None:
                 submit(i)
                 submit()
+    except BaseException:
+        sys.setswitchinterval(switch)  # no pool: the finally below that restores it is not reached
+        raise
     finally:
         gc.unfreeze()
     with pool:
