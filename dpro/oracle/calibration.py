@@ -154,6 +154,13 @@ BURST_SLOWDOWN = 3.0
 BURST_GAIN = 0.3
 
 
+def _trim(v: list[float]) -> list[float]:
+    """``v`` sorted, without the ``TRIM`` share of its values at each end."""
+    v = sorted(v)
+    k = int(len(v) * TRIM)
+    return v[k:len(v) - k] if len(v) > 2 * k else v
+
+
 def _trimmed(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
     by: dict[float, list[float]] = {}
     for b, t in rows:
@@ -161,9 +168,7 @@ def _trimmed(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
             by.setdefault(float(b), []).append(float(t))
     xs, ys = [], []
     for b, v in by.items():
-        v = sorted(v)
-        k = int(len(v) * TRIM)
-        kept = v[k:len(v) - k] if len(v) > 2 * k else v
+        kept = _trim(v)
         xs += [b] * len(kept)
         ys += kept
     return np.array(xs, dtype=float), np.array(ys, dtype=float)
@@ -262,14 +267,9 @@ def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | N
     by: dict[int, list[float]] = {}
     for r, b, t in pts:
         by.setdefault(r, []).append((t - wire.wire(calls * steps * b / per) / calls) / steps)
-    means = []
-    for v in by.values():
-        v = sorted(v)
-        k = int(len(v) * TRIM)
-        means.append(float(np.mean(v[k:len(v) - k] if len(v) > 2 * k else v)))
-    means.sort()
-    alpha = max(0.0, statistics.median(means))
-    return PerCall(replace(wire, alpha=alpha), (means[0], statistics.median(means), means[-1]), len(means))
+    means = sorted(float(np.mean(_trim(v))) for v in by.values())
+    mid = statistics.median(means)
+    return PerCall(replace(wire, alpha=max(0.0, mid)), (means[0], mid, means[-1]), len(means))
 
 
 def fit_streams(world: int, raw: dict[str, list[list[float]]], links: dict[str, Cost] | None = None,
