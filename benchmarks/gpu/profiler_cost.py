@@ -10,12 +10,16 @@ it times ``--steps`` steps (``torch.cuda.synchronize()`` at both ends) with:
 * ``recorder``: + a ``record_function`` per module around its forward (dpro's layer hooks);
 * ``layers_only``: kineto + the layer hooks, without shapes or memory;
 * ``cuda_only``: the CUDA activity alone (kernels, copies and the runtime calls that launch
-  them; no CPU operators).
+  them; no CPU operators);
+* ``dpro``: dpro's own two-line recorder (``dpro.Recorder`` + ``@dpro.profile``) as it is
+  configured by default, a fresh one per window (its trace is written after the timed
+  steps, as the recorder defers it).
 
 and prints the median µs per step and the overhead against ``off``, measured in the same
 process. Usage (on the GPU machine)::
 
     python3 benchmarks/gpu/profiler_cost.py
+    PYTHONPATH=. python3 benchmarks/gpu/profiler_cost.py --variants off,kineto,cuda_only,dpro
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +47,33 @@ VARIANTS = {
     "recorder": {"record_shapes": True, "profile_memory": True, "hooks": True},
     "layers_only": {"hooks": True},
     "cuda_only": {"activities": [ProfilerActivity.CUDA]},
+    "dpro": "dpro",
 }
+
+
+def dpro_window(job: tuple, steps: int, out: Path) -> float:
+    """µs per step under dpro's recorder: 2 untimed calls (the profiler's start-up), ``steps``
+    timed, one more untimed that ends the window; the trace is written after the timing."""
+    import dpro
+
+    model, batch, loss_fn, opt, sync = job
+    rec = dpro.Recorder(model, out_dir=str(out), warmup=0, steps=steps + 3)
+
+    @dpro.profile(rec)
+    def step() -> None:
+        _step(model, batch(), loss_fn, opt, sync)
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    us = (time.perf_counter() - t0) / steps * 1e6
+    step()
+    rec.close()
+    return us
 
 
 def _hooks(model: torch.nn.Module) -> list[Any]:
@@ -65,7 +96,10 @@ def _hooks(model: torch.nn.Module) -> list[Any]:
     return hs
 
 
-def window(job: tuple, variant: dict | None, steps: int) -> float:
+def window(job: tuple, variant: dict | str | None, steps: int) -> float:
+    if variant == "dpro":
+        with tempfile.TemporaryDirectory(prefix="dpro-cost-") as tmp:
+            return dpro_window(job, steps, Path(tmp))
     model, batch, loss_fn, opt, sync = job
     hooks = _hooks(model) if variant and variant.get("hooks") else []
     prof = None
@@ -94,8 +128,10 @@ def main() -> None:
     p.add_argument("--jobs", default="resnet50_sync,gpt_sync,mlp_launch_bound")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ",".join(VARIANTS))
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args()
+    variants = {v: VARIANTS[v] for v in a.variants.split(",")}
     results: dict[str, dict[str, list[float]]] = {}
     for name in a.jobs.split(","):
         torch.manual_seed(0)
@@ -103,9 +139,9 @@ def main() -> None:
         job = _job(name)
         for _ in range(10):
             _step(job[0], job[1](), job[2], job[3], job[4])
-        res = results.setdefault(name, {v: [] for v in VARIANTS})
+        res = results.setdefault(name, {v: [] for v in variants})
         for _ in range(a.rounds):
-            for v, kw in VARIANTS.items():
+            for v, kw in variants.items():
                 res[v].append(window(job, kw, a.steps))
         off = statistics.median(res["off"])
         print(f"{name}: " + ", ".join(
