@@ -127,7 +127,8 @@ def check_ranks(gt: GTrace) -> None:
         return
     what = f"{len(present)} of {ws} worker ranks present; missing rank(s) {_ranks_text(missing)}"
     if not current_read_options().allow_missing_ranks:
-        raise DproInputError(_source(gt), f"{what} (use --allow-missing-ranks to go on with the ranks present)")
+        raise DproInputError(_source(gt), f"{what} (to go on with the ranks present: dpro --allow-missing-ranks COMMAND ..., "
+                             "an option before the command, or DPRO_ALLOW_MISSING_RANKS=1)")
     if not any(n.startswith(f"{len(present)} of {ws} ranks present") for n in gt.notes):  # the importer's own note
         gt.notes.append(f"{len(present)} of {ws} ranks present (--allow-missing-ranks); missing rank(s) "
                         f"{_ranks_text(missing)}")

@@ -135,7 +135,8 @@ def trace_files(path: Path) -> list[Path]:
         elif current_read_options().allow_missing_ranks:
             log.warning("%s", one_line(f"{p}: {problem}; skipped (--allow-missing-ranks)"))
         else:
-            raise DproInputError(p, f"{problem} (named like a rank's trace; use --allow-missing-ranks to skip it)")
+            raise DproInputError(p, f"{problem} (named like a rank's trace; to skip it: dpro --allow-missing-ranks "
+                                    "COMMAND ..., an option before the command, or DPRO_ALLOW_MISSING_RANKS=1)")
     if not files:
         raise DproInputError(path, "no trace files (*.json, *.json.gz) in this directory")
     return files
