@@ -323,6 +323,7 @@ def test_horovod_recording_scale_out_reproduces_its_replay(tmp_path):
     job = dpro.open(tmp_path / "hvd")
     res = predict(job, [Cluster(n) for n in (2, 4, 8)])
     it = [p.iteration_us for p in res.points]
+    assert res.transfer_source == "fitted on the trace (Horovod's fused spans)"  # not the importer's envelope
     assert it[0] == pytest.approx(job.replay().predicted_iteration_us, rel=0.02)
     assert it[0] < it[1] < it[2]
 

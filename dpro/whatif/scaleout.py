@@ -37,6 +37,7 @@ import numpy as np
 from dpro.errors import DproInputError
 from dpro.whatif.fairshare import max_min_rates
 from dpro.whatif.graph import Op, WhatIfGraph
+from dpro.whatif.horovod_spans import SpanFit, give_back_excess, horovod_span_fit
 from dpro.whatif.models import Transfer, allreduce_us
 from dpro.whatif.platform import Platform, PsCpu
 
@@ -131,11 +132,15 @@ class ScaleOutResult:
         }
 
 
-def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str) -> tuple[Transfer, str]:
-    """alpha/beta: the platform file's, else fitted on the trace; --bandwidth/--latency override."""
+def _transfer(job: Job, cluster: Cluster, platform: Platform | None, kind: str,
+              spans: SpanFit | None = None) -> tuple[Transfer, str]:
+    """alpha/beta: the platform file's, else fitted on the trace (a Horovod profile: on its
+    fused spans, ``spans``); --bandwidth/--latency override."""
     t, src = None, ""
     if platform is not None:
         t, src = platform.transfer(kind), f"platform {platform.source}"
+    elif spans is not None:
+        t, src = spans.transfer, "fitted on the trace (Horovod's fused spans)"
     else:
         if kind == "allreduce":
             lc = job.replay().build.link_cost
@@ -233,7 +238,8 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     kind = "ps" if has_ps else "allreduce"
     if kind == "allreduce" and (c0.servers or c0.asynchronous):
         raise DproInputError(job.path, "--servers/--async need a parameter-server profile; this one all-reduces")
-    transfer, src = _transfer(job, c0, platform, kind)
+    spans = horovod_span_fit(job) if kind == "allreduce" else None
+    transfer, src = _transfer(job, c0, platform, kind, spans)
     if platform is not None and platform.allreduce_cpu is not None:
         cluster_points = [c if c.comm_cpu is not None else replace(c, comm_cpu=platform.allreduce_cpu)
                           for c in cluster_points]
@@ -253,15 +259,25 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
         if k:
             res.notes.append(f"the profile has no collective (one rank): {k} gradient all-reduces inserted "
                              "after the ops producing the gradients, before the optimizer")
+    if spans is not None:
+        for g in reps:
+            give_back_excess(g, spans)
+        res.notes.append(f"Horovod: ring cost fitted on the {spans.samples} fused executions' whole spans "
+                         f"(alpha {spans.transfer.alpha:.1f} us, beta {spans.transfer.beta * 1e3:.2f} ns/B), "
+                         "each collective's gap keeps only the excess beyond it")
     per_rep = [transfer] * len(reps)
     if kind == "allreduce" and not c0.asynchronous:
         c_ = cluster_points[0]
         for i, g in enumerate(reps):
+            k = deflate_lockstep(g, c_, len(reps))
+            if k > 1.0:
+                res.notes.append(f"the profile's {len(reps)} ranks computed in lockstep on {c_.host_cores} cores: "
+                                 f"its computation / {k:.3f} before scaling out")
             f = deflate_contended(g, c_, len(reps))
             if f > 1.0:
                 res.notes.append(f"the profile's workers saturated the {c_.host_cores} cores: "
                                  f"its times / {f:.3f} before scaling out")
-                if src == "fitted on the trace":  # the collectives were measured as slowly
+                if src.startswith("fitted on the trace"):  # the collectives were measured as slowly
                     per_rep[i] = Transfer(transfer.alpha / f, transfer.beta / f)
     for fn, params in whatifs:
         for g in reps:
@@ -283,8 +299,23 @@ def _is_server(op: Op) -> bool:
     return op.node.startswith("server")
 
 
+def lockstep_factor(n: int, cores: int | None, pinned: bool) -> float:
+    """How many times longer a computation takes when ``n`` ranks of a synchronous job
+    compute at the same moment on ``cores`` cores: pinned (core ``rank % cores``), the
+    busiest core's ``ceil(n/cores)`` ranks take turns on it; free, ``n/cores`` (processor
+    sharing); 1 when they fit (or no ``cores``)."""
+    if not cores or n <= cores:
+        return 1.0
+    return float(math.ceil(n / cores)) if pinned else n / cores
+
+
+def _computing(op: Op) -> bool:
+    return op.cat != "COMM" and not op.comm_device
+
+
 def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], Point], *,
-                    worker_cpu: float = 0.0, host_cpu: float = 0.0, gaps: bool = True) -> Point:
+                    worker_cpu: float = 0.0, host_cpu: float = 0.0, gaps: bool = True,
+                    lockstep: bool = False) -> Point:
     """``point(g)`` with N workers sharing C cores of one host (``c.host_cores``).
 
     Each worker needs ``busy`` µs of CPU a step: its computation ops, plus, with
@@ -306,7 +337,13 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     worker. Pinned workers leave the servers unpinned: the step lasts at least the busiest
     core's ``ceil(N/C)`` workers and at least all the CPU over C cores. ``gaps=False``: an
     op's host gap is not CPU (MXNet: the engine thread's waits between ops, see
-    :func:`_ps_point`)."""
+    :func:`_ps_point`).
+
+    ``lockstep`` (synchronous all-reduce): the ranks compute in the same phases (the
+    collectives end on every rank at once, and all start the next forward then), so the
+    waits on the network are every rank's at the same moment and lend no core: a
+    computation op (its own time and host gap) takes at least :func:`lockstep_factor`
+    times as long; the CPU bound above then only slows it further."""
     n, cores = c.workers, c.host_cores
     if not cores or (n <= cores and c.comm_cpu is None and not worker_cpu and not host_cpu):
         return point(g.copy())
@@ -323,17 +360,22 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     if c.pinned:
         need = max(need, math.ceil(n / cores) * cpu)
 
+    k = lockstep_factor(n, cores, c.pinned) if lockstep else 1.0
+
     def at(f: float) -> Point:
         h = g.copy()
         compute_speed(h, factor=1.0 / f)
+        if k > 1.0:
+            for op in h.select(_computing):
+                op.gap *= k
         for i, cpu_us in comm_cpu.items():
             h.ops[i].dur = max(h.ops[i].dur, cpu_us * f)
         return point(h)
 
-    first = at(1.0)
+    first = at(k)
     if first.iteration_us >= need:
         return first
-    lo, hi = 1.0, max(1.0, n / cores)
+    lo, hi = k, max(k, n / cores)
     while at(hi).iteration_us < need and hi < 1e3:  # overlapping threads: beyond N/C
         lo, hi = hi, hi * 2
     for _ in range(20):
@@ -343,6 +385,18 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
         else:
             lo = mid
     return at(hi)
+
+
+def deflate_lockstep(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
+    """A profile of ``profiled`` synchronous ranks on ``c.host_cores`` cores ran every
+    computation op :func:`lockstep_factor` times slower than alone: divides their own
+    times and host gaps by it and returns it (1: they fit)."""
+    k = lockstep_factor(profiled, c.host_cores, c.pinned)
+    if k > 1.0:
+        for op in g.select(_computing):
+            op.dur /= k
+            op.gap /= k
+    return k
 
 
 def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
@@ -371,7 +425,7 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
 def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"):
         op.dur = allreduce_us(op.bytes, c.workers, t, c.algorithm)
-    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, None))
+    return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, None), lockstep=True)
 
 
 # -- parameter server -------------------------------------------------------------------------
