@@ -13,12 +13,15 @@ from dpro.contracts.recording import (
     FRAMEWORK_PYTORCH,
     FRAMEWORK_TENSORFLOW,
     NCCL_DIR,
+    LIGHT_SUFFIX,
     NCCL_TRACE_GLOB,
+    RANK_PREFIX,
     RANK_META_GLOB,
     RANK_TRACE_GLOB,
     SERVER_GLOB,
     TIMELINE_NAME,
     MetaKey,
+    light_trace_name,
     rank_trace_name,
 )
 from dpro.errors import DproInputError
@@ -59,7 +62,8 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
             raise DproInputError(d, f"holds no {RANK_TRACE_GLOB} traces")
         timeline = [d / TIMELINE_NAME] if os.path.lexists(d / TIMELINE_NAME) else []  # (copied only if regular)
         servers = sorted(d.glob(SERVER_GLOB))  # MXNet parameter servers (dpro/profiler/mxnet/server.py)
-        for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers:
+        light = sorted(d.glob(f"{RANK_PREFIX}*{LIGHT_SUFFIX}"))  # CUDA-light recordings' light steps
+        for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers + light:
             if f.name in seen:
                 if f.name == TIMELINE_NAME:
                     raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
@@ -102,6 +106,42 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
                                     MetaKey.CPU, MetaKey.CPU_AFTER_US, MetaKey.HOROVOD_WRITER_THREAD,
                                     MetaKey.HOROVOD_SETTINGS) if k in meta} | (
         {LAYER_SHAPES: nt.meta[LAYER_SHAPES]} if LAYER_SHAPES in nt.meta else {})  # from the trace (oracle)
+
+
+def _light_steps(nt: NodeTrace, raw: Path, meta: dict, notes: list[str]) -> None:
+    """A CUDA-light recording (``MetaKey.CUDA_LIGHT``): time the node's steps from its light
+    trace (:mod:`dpro.importers.kineto.light`). Where that trace is missing, unreadable or
+    does not match the structure step, one note says so and the structure step stays, its
+    profiled pace then the one the unprofiled correction compares against
+    (:mod:`dpro.graph.overhead`: the window's first call only)."""
+    from dpro.importers.kineto.light import apply_light_steps
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, load_rank_file
+
+    info = meta[MetaKey.CUDA_LIGHT]
+    rank = nt.info.rank
+    path = raw / light_trace_name(rank)  # never a path from the meta file
+    ok = False
+    st = info.get("structure_step") if isinstance(info, dict) else None
+    numbers = info.get("steps") if isinstance(info, dict) else None
+    if not (isinstance(st, int) and isinstance(numbers, list) and numbers
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in numbers)):
+        notes.append(f"{nt.info.name}: CUDA-light recording: '{MetaKey.CUDA_LIGHT}' in its meta.json is not "
+                     f"{{structure_step, steps}}; replaying the structure step alone")
+    elif not path.is_file():
+        notes.append(f"{nt.info.name}: CUDA-light recording without {path.name}; replaying step {st} alone, with "
+                     f"its CPU operators profiled")
+    else:
+        try:
+            struct_rf = load_rank_file(raw / rank_trace_name(rank), DEFAULT_RANK_PATTERN, rank)
+            light_rf = load_rank_file(path, DEFAULT_RANK_PATTERN, rank)
+        except DproInputError as e:
+            notes.append(f"{nt.info.name}: CUDA-light recording: {e}; replaying step {st} alone")
+        else:
+            ok = apply_light_steps(nt, struct_rf, light_rf, st, numbers, notes)
+    walls = nt.meta.get(MetaKey.STEP_WALL_US)
+    if not ok and isinstance(st, int) and isinstance(walls, list) and 0 <= st < len(walls):
+        # the replayed step is the structure step: its wall is the profiled pace
+        nt.meta[MetaKey.STEP_WALL_US] = walls[:st + 1]
 
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
@@ -181,6 +221,10 @@ def _collect(raw: Path, progress: bool | None) -> GTrace:
                 raise DproInputError(f, f"unexpected rank meta data ({type(e).__name__}: {str(e)[:120]})") from None
         if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
             attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
+        if nt.info.rank in metas and MetaKey.CUDA_LIGHT in metas[nt.info.rank]:
+            _light_steps(nt, raw, metas[nt.info.rank], gt.notes)
+    if any(MetaKey.CUDA_LIGHT in m for m in metas.values()):  # the light steps replaced the structure step
+        gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)
