@@ -10,8 +10,10 @@ step the structure step's ops with the light step's timing:
 * **step split**: on each CPU thread, the structure step made ``K`` runtime calls; the light
   session's calls of that thread are cut into runs of ``K`` (the same number of runs on
   every thread), and each run must repeat the structure step's call names in order. Calls
-  after the last complete run are allowed only if none of them launched GPU work (the
-  recorder's own ``cudaDeviceSynchronize`` before it stops the session);
+  before the first run or after the last complete one are allowed only if none of them
+  launched GPU work (the recorder's own ``cudaDeviceSynchronize`` before it stops the
+  session). Where the calls differ, the split is tried again on the calls that launched GPU
+  work or waited for it (``SYNC_CALLS``) alone, and the note says so;
 * **CPU side**: the runtime calls are anchors; a monotone piecewise-linear map takes the
   structure step's time to the light step's (each call's start and end onto the same
   call's start and end in the light step), so the CPU work between two consecutive calls
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, NodeTrace
 from dpro.importers.kineto.read import KEvent, RankFile
-from dpro.importers.kineto.segments import BadCorrelation, Seg, _correlation, gpu_segments
+from dpro.importers.kineto.segments import SYNC_CALLS, BadCorrelation, Seg, _correlation, gpu_segments
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,10 @@ def runtime_calls(events: list[KEvent], t0: float = float("-inf"), t1: float = f
     return dict(out)
 
 
+#: runtime calls a light session may make before its first step's (that launched nothing)
+MAX_LEAD = 16
+
+
 def _tname(tid: object) -> str:
     return f"thread {tid}"
 
@@ -85,9 +91,16 @@ def split_steps(struct: dict[object, list[Call]], light: dict[object, list[Call]
     if extra:
         return f"threads {extra} made runtime calls in the light steps but none in the structure step"
     counts: dict[object, int] = {}
+    light = dict(light)
     for tid, calls in struct.items():
         got = light.get(tid, [])
-        n, rest = divmod(len(got), len(calls))
+        # calls before the first step that launched nothing (the session's own start-up)
+        skip = next((o for o in range(min(len(got), MAX_LEAD) + 1)
+                     if [c.name for c in got[o:o + len(calls)]] == [c.name for c in calls]), 0)
+        if any(c.corr is not None and c.corr in launched for c in got[:skip]):
+            skip = 0
+        got = light[tid] = got[skip:]
+        n = len(got) // len(calls)
         if any(c.corr is not None and c.corr in launched for c in got[n * len(calls):]):
             return (f"{_tname(tid)}: {len(got)} runtime calls in the light steps are not a multiple of the "
                     f"structure step's {len(calls)} (the rest launched GPU work)")
@@ -205,7 +218,7 @@ def _apply(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numb
     why = _match(nt, struct_rf, light_rf, st, numbers)
     if isinstance(why, str):
         return False, why
-    struct, steps, maps, dropped, gpu_steps, ref, unlaunched = why
+    struct, steps, maps, dropped, gpu_steps, ref, unlaunched, only = why
     t0, dur = nt.steps[st]
     t1 = t0 + dur
     own = [e for e in nt.events if e.step == st]
@@ -229,7 +242,7 @@ def _apply(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numb
         what += f"; {dropped} call times out of order across threads not used as anchors"
     if unlaunched:
         what += f"; {unlaunched} GPU ops launched outside the light steps left out"
-    return True, what
+    return True, what + only
 
 
 def _match(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numbers: list[int]) -> tuple | str:
@@ -244,9 +257,17 @@ def _match(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numb
         lgpu = gpu_segments(light_rf)
     except DproInputError as e:  # a bad correlation id: said as a mismatch
         return e.problem
-    steps = split_steps(struct, light, {s.corr for s in lgpu if s.corr is not None})
-    if isinstance(steps, str):
-        return steps
+    lset = {s.corr for s in lgpu if s.corr is not None}
+    steps = split_steps(struct, light, lset)
+    only = ""
+    if isinstance(steps, str):  # again on the calls that launched GPU work or waited for it
+        sset = {s.corr for s in gpu_segments(struct_rf) if s.corr is not None}
+        s2, l2 = _essential(struct, sset), _essential(light, lset)
+        alt = split_steps(s2, l2, lset) if s2 else steps
+        if isinstance(alt, str):
+            return steps
+        only = f"; on the calls that launched GPU work or waited for it alone (with every call: {steps})"
+        steps, struct = alt, s2
     if len(steps) != len(numbers):
         return f"{len(steps)} light steps found, the recorder says {len(numbers)} ({numbers})"
     # GPU ops of each light step: launched by its calls (correlation ids)
@@ -282,4 +303,12 @@ def _match(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numb
         maps, dropped = step_maps(struct, steps, (t0, t1))
     except ValueError:
         return "no runtime call to anchor the steps on"
-    return struct, steps, maps, dropped, gpu_steps, ref, unlaunched
+    return struct, steps, maps, dropped, gpu_steps, ref, unlaunched, only
+
+
+def _essential(calls: dict[object, list[Call]], launched: set[int]) -> dict[object, list[Call]]:
+    """Each thread's calls that launched GPU work (``launched``: correlation ids) or waited
+    for it (``SYNC_CALLS``); threads left without any are dropped."""
+    out = {tid: [c for c in cs if (c.corr is not None and c.corr in launched) or c.name in SYNC_CALLS]
+           for tid, cs in calls.items()}
+    return {tid: cs for tid, cs in out.items() if cs}

@@ -228,7 +228,7 @@ class TorchBackend:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU]
-        on_cuda = torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters())
+        on_cuda = self._on_cuda()
         if on_cuda:
             acts.append(ProfilerActivity.CUDA)
         self.light = self.config.cuda_light and on_cuda and self.config.steps > 1
@@ -248,6 +248,10 @@ class TorchBackend:
                             profile_memory=self.config.profile_memory)
         self.prof.start()
         self.active = True
+
+    def _on_cuda(self) -> bool:
+        """Whether the model runs on CUDA (the profiler then records the CUDA activity)."""
+        return torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters())
 
     def step_begin(self, step: int) -> object:
         self.steps.append(step)
