@@ -252,6 +252,10 @@ def _match(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numb
     t0, dur = nt.steps[st]
     t1 = t0 + dur
     struct = runtime_calls(struct_rf.events, t0, t1)
+    if not struct and any(e.cat in RUNTIME_CATS for e in struct_rf.events) and all(
+            e.ts == 0 and e.dur == 0 for e in struct_rf.events if e.cat in RUNTIME_CATS):
+        return (f"{struct_rf.path.name}: its runtime calls and GPU ops have no times (ts 0, dur 0: exported after "
+                f"the CUDA-only session had started, by a recorder before that was fixed)")
     light = runtime_calls(light_rf.events)
     try:
         lgpu = gpu_segments(light_rf)

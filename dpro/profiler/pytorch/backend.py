@@ -89,12 +89,14 @@ def copy_trace(fin: Any, fout: Any, relabel: bool) -> int:
 
 
 
-def _export(prof: Any, dest: Path, relabel: bool) -> None:
+def _export(prof: Any, dest: Path, relabel: bool, raw: Path | None = None) -> None:
     """Export a stopped torch.profiler session's Chrome trace to ``dest``, gzipped (through
-    :func:`copy_trace`); no half-written file is left behind on failure."""
+    :func:`copy_trace`), or the one it exported to ``raw`` already; no half-written file is
+    left behind on failure."""
     with tempfile.TemporaryDirectory(prefix="dpro-") as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
+        if raw is None:
+            raw = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(raw))
         part = dest.parent / f".{dest.name}.part"
         try:
             with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
@@ -151,6 +153,8 @@ class TorchBackend:
         self.light = False
         self.light_prof: Any = None
         self.light_steps: list[int] = []
+        #: where the structure step's session was exported at the switch (light mode)
+        self._struct_tmp: tempfile.TemporaryDirectory | None = None
         self.hooks: list[Any] = []
         self.steps: list[int] = []
         self.memory = MemoryWatch(model)
@@ -274,6 +278,12 @@ class TorchBackend:
         torch.cuda.synchronize()  # the structure step's kernels all end inside its session
         self._remove_layer_hooks()  # the layers are known from the structure step
         self.prof.stop()
+        # Exported now, not after the window: a torch.profiler session started later wipes
+        # the CUDA events of one stopped before it (an H100 with torch 2.11: every runtime
+        # call, kernel and copy of the structure step exported at ts 0, dur 0). Between two
+        # calls, outside the time the recorder measures; gzipped in :meth:`write`.
+        self._struct_tmp = tempfile.TemporaryDirectory(prefix="dpro-")
+        self.prof.export_chrome_trace(str(Path(self._struct_tmp.name) / "trace.json"))
         self.light_prof = profile(activities=[ProfilerActivity.CUDA])
         self.light_prof.start()
 
@@ -295,7 +305,7 @@ class TorchBackend:
             self._stop()
         except Exception:  # noqa: BLE001
             pass
-        self.prof = self.light_prof = None
+        self._drop_sessions()
 
     def stop(self) -> None:
         """End the window: stop the profiler (its events stay in memory until :meth:`write`)."""
@@ -312,7 +322,8 @@ class TorchBackend:
         rank, world, backend = getattr(self, "_who", None) or _rank_world()
         out = self.config.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        _export(self.prof, out / rank_trace_name(rank), getattr(self, "_fast_layers", False))
+        struct = Path(self._struct_tmp.name) / "trace.json" if self._struct_tmp is not None else None
+        _export(self.prof, out / rank_trace_name(rank), getattr(self, "_fast_layers", False), struct)
         light = None
         if self.light_prof is not None:
             _export(self.light_prof, out / light_trace_name(rank), False)
@@ -355,4 +366,10 @@ class TorchBackend:
             **({MetaKey.CUDA_LIGHT: light} if light is not None else {}),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
+        self._drop_sessions()
+
+    def _drop_sessions(self) -> None:
         self.prof = self.light_prof = None
+        if self._struct_tmp is not None:
+            self._struct_tmp.cleanup()
+            self._struct_tmp = None
