@@ -23,6 +23,14 @@ step the structure step's ops with the light step's timing:
 * **GPU side**: each stream's GPU ops of a light step (those its calls launched), in start
   order, must carry the structure step's names on that stream; they take their own times.
 
+Each light step becomes a step of the node with the structure step's ops and its own
+times, and the structure step's own (profiled) times are left out; the medians over the
+light steps are not taken here: the replay's per-op statistics take a trimmed mean over
+whole steps, stalls dropped (:mod:`dpro.graph.stats`: a sum of per-op medians
+underestimates a step), as for any recording. The window's walls then compose with the
+unprofiled correction as before (:mod:`dpro.graph.overhead` compares the pace after the
+window with the window's calls after its first, which are the light steps).
+
 Anything that does not match gives one reason, and the caller keeps today's import of the
 structure step alone (:func:`apply_light_steps` returns False and adds the note).
 """
