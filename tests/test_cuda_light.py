@@ -339,3 +339,22 @@ def test_structure_exported_too_late_says_so(light_rec, tmp_path):
     gt = collect(d)
     assert gt.manifest.steps == [5]
     assert any("no times (ts 0, dur 0" in n for n in gt.notes)
+
+
+def test_ranks_use_their_light_steps_all_or_none(light_rec, tmp_path):
+    """Two ranks (the golden rank copied as rank 1, its light steps broken): both replay the
+    structure step, so that the ranks share their steps, and the notes say why."""
+    d = tmp_path / "raw"
+    shutil.copytree(light_rec, d)
+    broken = _break(light_rec, tmp_path / "b", "launch")
+    shutil.copy(broken / "rank0.light.gz", d / "rank1.light.gz")
+    shutil.copy(d / "rank0.json.gz", d / "rank1.json.gz")
+    for r in (0, 1):
+        meta = json.loads((light_rec / "rank0.meta.json").read_text())
+        meta.update({"rank": r, "world_size": 2})
+        (d / f"rank{r}.meta.json").write_text(json.dumps(meta))
+    gt = collect(d)
+    assert gt.manifest.steps == [5]
+    assert sorted(gt.nodes["worker0"].steps) == sorted(gt.nodes["worker1"].steps) == [5]
+    assert any(n.startswith("worker1: CUDA-light recording: rank1.light.gz does not match") for n in gt.notes)
+    assert any(n.startswith("worker0: CUDA-light steps match, but replaying the structure step alone") for n in gt.notes)

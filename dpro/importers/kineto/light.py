@@ -204,35 +204,49 @@ def _by_stream(segs: list[Seg]) -> dict[str, list[Seg]]:
     return out
 
 
+@dataclass
+class LightMatch:
+    """How a node's light steps match its structure step (:func:`match_light_steps`)."""
+
+    structure_step: int
+    numbers: list[int]
+    file: str
+    struct: dict[object, list[Call]]
+    maps: list[TimeMap]
+    #: per light step: id of a structure-step GPU event -> the light step's GPU op
+    gpu_steps: list[dict[int, Seg]]
+    what: str
+
+
 def apply_light_steps(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, structure_step: int,
                       light_numbers: list[int], notes: list[str]) -> bool:
     """Replace ``nt``'s structure step by its light steps (module doc); False, with one note
     saying why, where they do not match (``nt`` is then left as it was)."""
-    name = nt.info.name
-    ok, why = _apply(nt, struct_rf, light_rf, structure_step, light_numbers)
-    if not ok:
-        notes.append(f"{name}: CUDA-light recording: {light_rf.path.name} does not match the structure step "
-                     f"{structure_step} ({why}); replaying step {structure_step} alone, with its CPU operators "
-                     f"profiled")
+    m = match_light_steps(nt, struct_rf, light_rf, structure_step, light_numbers)
+    if isinstance(m, str):
+        notes.append(mismatch_note(nt.info.name, light_rf.path.name, structure_step, m))
         return False
-    notes.append(f"{name}: CUDA-light recording: steps {light_numbers} timed from the CUDA-only session "
-                 f"({light_rf.path.name}: {why}), on the ops and dependencies of step {structure_step} "
-                 f"(recorded with CPU operators; its own timing is left out)")
+    notes.append(apply_light_match(nt, m))
     return True
 
 
-def _apply(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numbers: list[int]) -> tuple[bool, str]:
-    """(True, what matched) with ``nt`` rewritten, or (False, why not) with ``nt`` untouched."""
-    why = _match(nt, struct_rf, light_rf, st, numbers)
-    if isinstance(why, str):
-        return False, why
-    struct, steps, maps, dropped, gpu_steps, ref, unlaunched, only = why
+def mismatch_note(node: str, file: str, structure_step: int, why: str) -> str:
+    """The note of a node whose light steps are not used."""
+    return (f"{node}: CUDA-light recording: {file} does not match the structure step {structure_step} ({why}); "
+            f"replaying step {structure_step} alone, with its CPU operators profiled")
+
+
+def apply_light_match(nt: NodeTrace, m: LightMatch) -> str:
+    """Rewrite ``nt``: its structure step's events and span replaced by one set per light
+    step (CPU-side times through the step's :class:`TimeMap`, GPU ops their own). Returns
+    the node's note."""
+    st = m.structure_step
     t0, dur = nt.steps[st]
     t1 = t0 + dur
     own = [e for e in nt.events if e.step == st]
     rest = [e for e in nt.events if e.step != st]
     new: list[Event] = []
-    for num, f, gpu in zip(numbers, maps, gpu_steps):
+    for num, f, gpu in zip(m.numbers, m.maps, m.gpu_steps):
         for e in own:
             s = gpu.get(id(e))
             if s is not None:
@@ -244,17 +258,30 @@ def _apply(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numb
         nt.steps[num] = (a, b - a)
     del nt.steps[st]
     nt.events = rest + new
+    return (f"{nt.info.name}: CUDA-light recording: steps {m.numbers} timed from the CUDA-only session "
+            f"({m.file}: {m.what}), on the ops and dependencies of step {st} (recorded with CPU operators; "
+            f"its own timing is left out)")
+
+
+def match_light_steps(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int,
+                      numbers: list[int]) -> LightMatch | str:
+    """How the light steps of ``light_rf`` match the structure step ``st`` of ``nt``
+    (imported from ``struct_rf``), or why they do not; ``nt`` is not changed."""
+    why = _match(nt, struct_rf, light_rf, st, numbers)
+    if isinstance(why, str):
+        return why
+    struct, steps, maps, dropped, gpu_steps, ref, unlaunched, only = why
     calls = sum(len(c) for c in struct.values())
     what = f"{calls} runtime calls and {sum(len(v) for v in ref.values())} GPU ops per step matched"
     if dropped:
         what += f"; {dropped} call times out of order across threads not used as anchors"
     if unlaunched:
         what += f"; {unlaunched} GPU ops launched outside the light steps left out"
-    return True, what + only
+    return LightMatch(st, list(numbers), light_rf.path.name, struct, maps, gpu_steps, what + only)
 
 
 def _match(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int, numbers: list[int]) -> tuple | str:
-    """What :func:`_apply` needs, or why the light steps do not match the structure step."""
+    """What :func:`match_light_steps` needs, or why the light steps do not match the structure step."""
     if st not in nt.steps:
         return f"the structure step {st} is not among the imported steps {sorted(nt.steps)}"
     t0, dur = nt.steps[st]
