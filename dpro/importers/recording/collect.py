@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dpro.contracts.recording import (
     FRAMEWORK_MXNET,
@@ -32,6 +33,9 @@ from dpro.importers.kineto.shapes import LAYER_SHAPES
 from dpro.importers.recording.allocations import attach_allocations
 from dpro.gtrace.validate import MAX_WORLD_SIZE
 from dpro.jsonio import read_json, regular_file_problem
+
+if TYPE_CHECKING:
+    from dpro.importers.kineto.light import LightMatch
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,7 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
         {LAYER_SHAPES: nt.meta[LAYER_SHAPES]} if LAYER_SHAPES in nt.meta else {})  # from the trace (oracle)
 
 
-def _light_match(nt: NodeTrace, raw: Path, meta: dict, notes: list[str]):
+def _light_match(nt: NodeTrace, raw: Path, meta: dict, notes: list[str]) -> LightMatch | None:
     """A CUDA-light recording (``MetaKey.CUDA_LIGHT``): how the node's light trace matches its
     structure step (:func:`dpro.importers.kineto.light.match_light_steps`), or None, with a
     note, where that trace is missing, unreadable or does not match."""
@@ -135,7 +139,10 @@ def _light_match(nt: NodeTrace, raw: Path, meta: dict, notes: list[str]):
     except DproInputError as e:
         notes.append(f"{nt.info.name}: CUDA-light recording: {e}; replaying step {st} alone")
         return None
-    m = match_light_steps(nt, struct_rf, light_rf, st, numbers)
+    try:
+        m = match_light_steps(nt, struct_rf, light_rf, st, numbers)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError) as e:  # never a crash
+        m = f"{type(e).__name__}: {str(e)[:120]}"
     if isinstance(m, str):
         notes.append(mismatch_note(nt.info.name, path.name, st, m))
         return None
