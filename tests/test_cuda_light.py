@@ -358,3 +358,12 @@ def test_ranks_use_their_light_steps_all_or_none(light_rec, tmp_path):
     assert sorted(gt.nodes["worker0"].steps) == sorted(gt.nodes["worker1"].steps) == [5]
     assert any(n.startswith("worker1: CUDA-light recording: rank1.light.gz does not match") for n in gt.notes)
     assert any(n.startswith("worker0: CUDA-light steps match, but replaying the structure step alone") for n in gt.notes)
+
+
+def test_unreadable_light_file_is_a_note(light_rec, tmp_path):
+    d = tmp_path / "raw"
+    shutil.copytree(light_rec, d)
+    (d / "rank0.light.gz").write_bytes(b"not a trace")
+    gt = collect(d)
+    assert gt.manifest.steps == [5]
+    assert any(n.startswith("worker0: CUDA-light recording: ") and "rank0.light.gz" in n for n in gt.notes)
