@@ -292,9 +292,14 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
 @click.option("--memory/--no-memory", "profile_memory", default=None,
               help="PyTorch: record every allocation and free in the window (torch.profiler profile_memory), "
                    "for the allocation-based memory estimates (docs/memory.md). Default: off.")
+@click.option("--cuda-light", "cuda_light", is_flag=True,
+              help="PyTorch on CUDA: record the window's first step with its CPU operators (the structure) and "
+                   "the others with the CUDA activity alone (kernels, copies, runtime calls: the timing), which "
+                   "costs a fraction of torch.profiler's per-op CPU tracing (docs/gpu.md). Default: off.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_unbulk: bool,
-            mxnet_keep_bulking: bool, record_shapes: bool | None, profile_memory: bool | None, command: tuple[str, ...]) -> None:
+            mxnet_keep_bulking: bool, record_shapes: bool | None, profile_memory: bool | None, cuda_light: bool,
+            command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -320,6 +325,10 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
             raise click.BadParameter("--mxnet-keep-bulking and --mxnet-unbulk contradict each other")
         click.echo("dpro: --mxnet-keep-bulking: keeping MXNet's op bulking is now the default (the flag does "
                    "nothing; --mxnet-unbulk for per-op detail)", err=True)
+    if cuda_light:  # the job inherits the environment (dpro.profiler.config)
+        from dpro.contracts.recording import ENV_CUDA_LIGHT
+
+        os.environ[ENV_CUDA_LIGHT] = "1"
     res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile,
                       mxnet_unbulk=mxnet_unbulk, record_shapes=record_shapes,
                       profile_memory=profile_memory)

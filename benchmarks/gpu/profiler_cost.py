@@ -13,13 +13,16 @@ it times ``--steps`` steps (``torch.cuda.synchronize()`` at both ends) with:
   them; no CPU operators);
 * ``dpro``: dpro's own two-line recorder (``dpro.Recorder`` + ``@dpro.profile``) as it is
   configured by default, a fresh one per window (its trace is written after the timed
-  steps, as the recorder defers it).
+  steps, as the recorder defers it);
+* ``dpro_light``: the same with ``DPRO_CUDA_LIGHT=1``: the window's first call (untimed) with
+  CPU operators, the timed ones CUDA-only.
 
 and prints the median µs per step and the overhead against ``off``, measured in the same
 process. Usage (on the GPU machine)::
 
     python3 benchmarks/gpu/profiler_cost.py
     PYTHONPATH=. python3 benchmarks/gpu/profiler_cost.py --variants off,kineto,cuda_only,dpro
+    PYTHONPATH=. python3 benchmarks/gpu/profiler_cost.py --variants off,cuda_only,dpro,dpro_light
 """
 
 from __future__ import annotations
@@ -48,16 +51,24 @@ VARIANTS = {
     "layers_only": {"hooks": True},
     "cuda_only": {"activities": [ProfilerActivity.CUDA]},
     "dpro": "dpro",
+    "dpro_light": "dpro_light",
 }
 
 
-def dpro_window(job: tuple, steps: int, out: Path) -> float:
-    """µs per step under dpro's recorder: 2 untimed calls (the profiler's start-up), ``steps``
-    timed, one more untimed that ends the window; the trace is written after the timing."""
+def dpro_window(job: tuple, steps: int, out: Path, light: bool = False) -> float:
+    """µs per step under dpro's recorder: 2 untimed calls (the profiler's start-up; in light
+    mode the first is the structure step), ``steps`` timed, one more untimed that ends the
+    window; the trace is written after the timing."""
+    import os
+
     import dpro
 
     model, batch, loss_fn, opt, sync = job
-    rec = dpro.Recorder(model, out_dir=str(out), warmup=0, steps=steps + 3)
+    os.environ["DPRO_CUDA_LIGHT"] = "1" if light else "0"
+    try:
+        rec = dpro.Recorder(model, out_dir=str(out), warmup=0, steps=steps + 3)
+    finally:
+        del os.environ["DPRO_CUDA_LIGHT"]
 
     @dpro.profile(rec)
     def step() -> None:
@@ -97,9 +108,9 @@ def _hooks(model: torch.nn.Module) -> list[Any]:
 
 
 def window(job: tuple, variant: dict | str | None, steps: int) -> float:
-    if variant == "dpro":
+    if variant in ("dpro", "dpro_light"):
         with tempfile.TemporaryDirectory(prefix="dpro-cost-") as tmp:
-            return dpro_window(job, steps, Path(tmp))
+            return dpro_window(job, steps, Path(tmp), light=variant == "dpro_light")
     model, batch, loss_fn, opt, sync = job
     hooks = _hooks(model) if variant and variant.get("hooks") else []
     prof = None

@@ -8,15 +8,20 @@ which writes the raw recording to ``OUT/<job>/``. Import it elsewhere with ``dpr
 and compare ``dpro replay``'s prediction (and its unprofiled prediction) to
 ``OUT/<job>.measured.json``.
 
+``--light`` records with ``DPRO_CUDA_LIGHT=1`` (the window's first call with CPU operators,
+the others CUDA-only; ``rank0.light.gz`` next to ``rank0.json.gz``).
+
 Needs torch with CUDA, torchvision and dpro's recorder (pure Python; orjson). Usage::
 
     PYTHONPATH=. python3 benchmarks/gpu/record_recorder.py --out /tmp/rec
+    PYTHONPATH=. python3 benchmarks/gpu/record_recorder.py --out /tmp/rec --light
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -55,7 +60,10 @@ def main() -> None:
     p.add_argument("--jobs", default=",".join(JOBS))
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--light", action="store_true", help="record with DPRO_CUDA_LIGHT=1")
     a = p.parse_args()
+    if a.light:
+        os.environ["DPRO_CUDA_LIGHT"] = "1"
     a.out.mkdir(parents=True, exist_ok=True)
     for name in a.jobs.split(","):
         try:

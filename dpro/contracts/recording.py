@@ -71,6 +71,11 @@ ENV_HOROVOD_PARK = "DPRO_HOROVOD_PARK"
 #: torch recorder: ``1`` opens the layer ranges with ``record_function`` (the cost before #31)
 #: instead of torch's C++ range (dpro/profiler/pytorch/backend.py)
 ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
+#: ``1``/``true``/``yes``: PyTorch models on CUDA: the window's first step is recorded with CPU
+#: operators and layers (the structure), the others with the CUDA activity alone (kernels,
+#: copies, runtime calls: the timing), far cheaper (``dpro profile --cuda-light``;
+#: :func:`light_trace_name`, ``MetaKey.CUDA_LIGHT``)
+ENV_CUDA_LIGHT = "DPRO_CUDA_LIGHT"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
 ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"
 #: where the NCCL plugin writes (read by the plugin, native/nccl_patch)
@@ -112,6 +117,17 @@ def rank_stem(rank: int) -> str:
 def rank_trace_name(rank: int) -> str:
     """``rank<r>.json.gz``."""
     return f"{RANK_PREFIX}{rank}{TRACE_SUFFIX}"
+
+
+#: a rank's CUDA-only trace of the window's light steps (``DPRO_CUDA_LIGHT``): a torch.profiler
+#: Chrome trace like ``rank<r>.json.gz``, named outside its glob (and outside ``*.json.gz``,
+#: so that a Kineto import of the directory does not take it for another rank)
+LIGHT_SUFFIX = ".light.gz"
+
+
+def light_trace_name(rank: int) -> str:
+    """``rank<r>.light.gz``: the light steps' trace of rank ``r``."""
+    return f"{RANK_PREFIX}{rank}{LIGHT_SUFFIX}"
 
 
 def rank_meta_name(rank: int) -> str:
@@ -211,6 +227,9 @@ class MetaKey:
     SYMBOL = "symbol"
     #: how the window ran the job differently from the user's steps, or null
     WINDOW_CHANGES_JOB = "window_changes_job"
+    #: PyTorch light mode (``ENV_CUDA_LIGHT``): ``{"structure_step": i, "steps": [...], "trace":
+    #: light_trace_name(r)}``: the steps recorded CUDA-only, in :func:`light_trace_name`
+    CUDA_LIGHT = "cuda_light"
 
 
 class TFRankKey:

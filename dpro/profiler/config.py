@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dpro.contracts.recording import (
     ENV_AFTER_STEPS,
+    ENV_CUDA_LIGHT,
     ENV_DEFER_WRITE,
     ENV_DISABLE,
     ENV_HOST,
@@ -50,6 +51,9 @@ class RecordConfig:
     defer_write: bool = True
     #: TensorFlow's host tracer level in the window
     tf_host_tracer_level: int = 2
+    #: PyTorch on CUDA: CPU operators in the window's first step only, CUDA activity alone in
+    #: the others (``DPRO_CUDA_LIGHT``, ``dpro profile --cuda-light``; docs/profiling.md)
+    cuda_light: bool = False
     #: why recording is off although not disabled on purpose (a bad ``DPRO_*`` value)
     problem: str | None = None
 
@@ -71,6 +75,7 @@ class RecordConfig:
         shapes = _env_bool(ENV_RECORD_SHAPES, DEFAULT_RECORD_SHAPES, problems)
         memory = _env_bool(ENV_PROFILE_MEMORY, DEFAULT_PROFILE_MEMORY, problems)
         defer = _env_bool(ENV_DEFER_WRITE, True, problems)
+        light = _env_bool(ENV_CUDA_LIGHT, False, problems)
         tf_level = _env_int(ENV_TF_HOST_TRACER_LEVEL, 2, 1, problems)
         if tf_level > 3:
             problems.append(f"{ENV_TF_HOST_TRACER_LEVEL}={tf_level} is outside 1..3")
@@ -94,6 +99,7 @@ class RecordConfig:
             profile_memory=memory,
             defer_write=defer,
             tf_host_tracer_level=tf_level,
+            cuda_light=light,
             problem="; ".join(problems) or None,
         )
 

@@ -7,18 +7,22 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dpro.contracts.recording import (
     FRAMEWORK_MXNET,
     FRAMEWORK_PYTORCH,
     FRAMEWORK_TENSORFLOW,
     NCCL_DIR,
+    LIGHT_SUFFIX,
     NCCL_TRACE_GLOB,
+    RANK_PREFIX,
     RANK_META_GLOB,
     RANK_TRACE_GLOB,
     SERVER_GLOB,
     TIMELINE_NAME,
     MetaKey,
+    light_trace_name,
     rank_trace_name,
 )
 from dpro.errors import DproInputError
@@ -29,6 +33,9 @@ from dpro.importers.kineto.shapes import LAYER_SHAPES
 from dpro.importers.recording.allocations import attach_allocations
 from dpro.gtrace.validate import MAX_WORLD_SIZE
 from dpro.jsonio import read_json, regular_file_problem
+
+if TYPE_CHECKING:
+    from dpro.importers.kineto.light import LightMatch
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +66,8 @@ def merge_dirs(dirs: list[Path], dest: Path) -> None:
             raise DproInputError(d, f"holds no {RANK_TRACE_GLOB} traces")
         timeline = [d / TIMELINE_NAME] if os.path.lexists(d / TIMELINE_NAME) else []  # (copied only if regular)
         servers = sorted(d.glob(SERVER_GLOB))  # MXNet parameter servers (dpro/profiler/mxnet/server.py)
-        for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers:
+        light = sorted(d.glob(f"{RANK_PREFIX}*{LIGHT_SUFFIX}"))  # CUDA-light recordings' light steps
+        for f in files + sorted(d.glob(RANK_META_GLOB)) + timeline + servers + light:
             if f.name in seen:
                 if f.name == TIMELINE_NAME:
                     raise DproInputError(f, f"also in {seen[f.name].parent}: two Horovod timelines (only rank 0 writes one)")
@@ -102,6 +110,72 @@ def _enrich(nt: NodeTrace, meta: dict) -> None:
                                     MetaKey.CPU, MetaKey.CPU_AFTER_US, MetaKey.HOROVOD_WRITER_THREAD,
                                     MetaKey.HOROVOD_SETTINGS) if k in meta} | (
         {LAYER_SHAPES: nt.meta[LAYER_SHAPES]} if LAYER_SHAPES in nt.meta else {})  # from the trace (oracle)
+
+
+def _light_match(nt: NodeTrace, raw: Path, meta: dict, notes: list[str]) -> LightMatch | None:
+    """A CUDA-light recording (``MetaKey.CUDA_LIGHT``): how the node's light trace matches its
+    structure step (:func:`dpro.importers.kineto.light.match_light_steps`), or None, with a
+    note, where that trace is missing, unreadable or does not match."""
+    from dpro.importers.kineto.light import match_light_steps, mismatch_note
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, load_rank_file
+
+    info = meta[MetaKey.CUDA_LIGHT]
+    rank = nt.info.rank
+    path = raw / light_trace_name(rank)  # never a path from the meta file
+    st = info.get("structure_step") if isinstance(info, dict) else None
+    numbers = info.get("steps") if isinstance(info, dict) else None
+    if not (isinstance(st, int) and isinstance(numbers, list) and numbers
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in numbers)):
+        notes.append(f"{nt.info.name}: CUDA-light recording: '{MetaKey.CUDA_LIGHT}' in its meta.json is not "
+                     f"{{structure_step, steps}}; replaying the structure step alone")
+        return None
+    if not path.is_file():
+        notes.append(f"{nt.info.name}: CUDA-light recording without {path.name}; replaying step {st} alone, with "
+                     f"its CPU operators profiled")
+        return None
+    try:
+        struct_rf = load_rank_file(raw / rank_trace_name(rank), DEFAULT_RANK_PATTERN, rank)
+        light_rf = load_rank_file(path, DEFAULT_RANK_PATTERN, rank)
+    except DproInputError as e:
+        notes.append(f"{nt.info.name}: CUDA-light recording: {e}; replaying step {st} alone")
+        return None
+    try:
+        m = match_light_steps(nt, struct_rf, light_rf, st, numbers)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError) as e:  # never a crash
+        m = f"{type(e).__name__}: {str(e)[:120]}"
+    if isinstance(m, str):
+        notes.append(mismatch_note(nt.info.name, path.name, st, m))
+        return None
+    return m
+
+
+def _light_steps(gt: GTrace, raw: Path, metas: dict[int, dict]) -> None:
+    """Time the CUDA-light ranks' steps from their light traces (:mod:`dpro.importers.kineto.light`),
+    all of them or none: where one rank's light steps cannot be used, every light rank
+    replays its structure step alone (the ranks must share their steps). A rank replaying
+    its structure step gets that call's wall as its profiled pace, the one the unprofiled
+    correction compares with (:mod:`dpro.graph.overhead`: the window's first call only)."""
+    from dpro.importers.kineto.light import apply_light_match
+
+    light = {nt.info.name: nt for nt in gt.nodes.values() if MetaKey.CUDA_LIGHT in metas.get(nt.info.rank, {})}
+    if not light:
+        return
+    matches = {name: _light_match(nt, raw, metas[nt.info.rank], gt.notes) for name, nt in light.items()}
+    if all(m is not None for m in matches.values()):
+        for name, m in matches.items():
+            gt.notes.append(apply_light_match(light[name], m))
+    else:
+        used = sorted(name for name, m in matches.items() if m is not None)
+        if used:
+            gt.notes.append(f"{', '.join(used)}: CUDA-light steps match, but replaying the structure step alone like "
+                            f"the ranks whose light steps do not, so that every rank replays the same steps")
+        for nt in light.values():
+            info = metas[nt.info.rank][MetaKey.CUDA_LIGHT]
+            st = info.get("structure_step") if isinstance(info, dict) else None
+            walls = nt.meta.get(MetaKey.STEP_WALL_US)
+            if isinstance(st, int) and isinstance(walls, list) and 0 <= st < len(walls):
+                nt.meta[MetaKey.STEP_WALL_US] = walls[:st + 1]
+    gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
 
 
 def _apply_nccl_chunks(gt: GTrace, raw: Path, nccl: Path) -> GTrace:
@@ -181,6 +255,7 @@ def _collect(raw: Path, progress: bool | None) -> GTrace:
                 raise DproInputError(f, f"unexpected rank meta data ({type(e).__name__}: {str(e)[:120]})") from None
         if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
             attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
+    _light_steps(gt, raw, metas)  # CUDA-light ranks: their light steps replace the structure step
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)

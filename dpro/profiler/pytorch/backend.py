@@ -8,6 +8,14 @@ What one rank writes into the output directory at the end of the window:
 * ``rank<r>.meta.json`` — parameters (name, shape, dtype, bytes), DDP buckets (index,
   parameter names, bytes), optimizer-independent facts (versions, host, world size).
 
+With ``DPRO_CUDA_LIGHT`` (:attr:`RecordConfig.cuda_light`) and a model on CUDA, the first
+profiled call is recorded as above (the structure: op names, layers, which op launched which
+kernel), then that profiler is stopped and a second one with the CUDA activity alone records
+the window's other calls into ``rank<r>.light.gz`` (every kernel and copy and the runtime call
+that launched it: the timing, without torch.profiler's per-op CPU cost); the switch runs
+between two calls, outside the time the recorder measures of each.
+:mod:`dpro.importers.kineto.light` puts the two together.
+
 DDP buckets are recorded by a communication hook that wraps DDP's default all-reduce and
 notes, for each bucket, its parameters; it costs one Python call per bucket per step.
 """
@@ -27,11 +35,12 @@ from dpro.contracts.recording import (
     BUCKET_PREFIX,
     FRAMEWORK_PYTORCH,
     LAYER_PREFIX,
+    MetaKey,
+    light_trace_name,
     META_FORMAT,
     META_VERSION,
     TORCH_STEP_PREFIX,
     ENV_SLOW_LAYERS,
-    MetaKey,
     rank_meta_name,
     rank_trace_name,
 )
@@ -80,6 +89,24 @@ def copy_trace(fin: Any, fout: Any, relabel: bool) -> int:
 
 
 
+def _export(prof: Any, dest: Path, relabel: bool, raw: Path | None = None) -> None:
+    """Export a stopped torch.profiler session's Chrome trace to ``dest``, gzipped (through
+    :func:`copy_trace`), or the one it exported to ``raw`` already; no half-written file is
+    left behind on failure."""
+    with tempfile.TemporaryDirectory(prefix="dpro-") as tmp:
+        if raw is None:
+            raw = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(raw))
+        part = dest.parent / f".{dest.name}.part"
+        try:
+            with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
+                copy_trace(fin, fout, relabel)
+            os.replace(part, dest)
+        except BaseException:
+            part.unlink(missing_ok=True)  # e.g. a full disk: leave no half-written file
+            raise
+
+
 def _rank_world() -> tuple[int, int, str | None]:
     """(rank, world size, communication library) from torch.distributed, Horovod or the env."""
     import sys
@@ -121,6 +148,13 @@ class TorchBackend:
         self.buckets: dict[int, dict] = {}
         self.active = False
         self.prof: Any = None
+        #: light mode (``config.cuda_light``, model on CUDA): the CUDA-only session of the
+        #: window's later calls, and the call numbers it recorded
+        self.light = False
+        self.light_prof: Any = None
+        self.light_steps: list[int] = []
+        #: where the structure step's session was exported at the switch (light mode)
+        self._struct_tmp: tempfile.TemporaryDirectory | None = None
         self.hooks: list[Any] = []
         self.steps: list[int] = []
         self.memory = MemoryWatch(model)
@@ -198,8 +232,17 @@ class TorchBackend:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU]
-        if torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters()):
+        on_cuda = self._on_cuda()
+        if on_cuda:
             acts.append(ProfilerActivity.CUDA)
+        self.light = self.config.cuda_light and on_cuda and self.config.steps > 1
+        if self.config.cuda_light and not self.light:
+            log.warning("dpro: DPRO_CUDA_LIGHT needs a model on CUDA and a window of 2 steps or more: "
+                        "every step is recorded with its CPU operators")
+        if self.light:
+            # no kernel of the warm-up still running when the structure step starts: the
+            # importer would leave that step out as the capture's warm-up (one sync, untimed)
+            torch.cuda.synchronize()
         self._install_layer_hooks()
         self.timeline.start(self.config.out_dir, self.config.steps, len(self.names), _rank_world()[1])
         self.memory.start()
@@ -210,14 +253,39 @@ class TorchBackend:
         self.prof.start()
         self.active = True
 
+    def _on_cuda(self) -> bool:
+        """Whether the model runs on CUDA (the profiler then records the CUDA activity)."""
+        return torch.cuda.is_available() and any(p.is_cuda for p in self.inner.parameters())
+
     def step_begin(self, step: int) -> object:
         self.steps.append(step)
+        if self.light_prof is not None:
+            self.light_steps.append(step)
         rf = torch.profiler.record_function(f"{TORCH_STEP_PREFIX}{step}")
         rf.__enter__()
         return rf
 
     def step_end(self, step: int, token: object) -> None:
         token.__exit__(None, None, None)  # type: ignore[attr-defined]
+        if self.light and self.light_prof is None and len(self.steps) == 1 and self.config.steps > 1:
+            self._go_light()
+
+    def _go_light(self) -> None:
+        """After the structure step (between two calls, outside their timing): stop the
+        CPU + CUDA session and start the CUDA-only one for the window's other calls."""
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()  # the structure step's kernels all end inside its session
+        self._remove_layer_hooks()  # the layers are known from the structure step
+        self.prof.stop()
+        # Exported now, not after the window: a torch.profiler session started later wipes
+        # the CUDA events of one stopped before it (an H100 with torch 2.11: every runtime
+        # call, kernel and copy of the structure step exported at ts 0, dur 0). Between two
+        # calls, outside the time the recorder measures; gzipped in :meth:`write`.
+        self._struct_tmp = tempfile.TemporaryDirectory(prefix="dpro-")
+        self.prof.export_chrome_trace(str(Path(self._struct_tmp.name) / "trace.json"))
+        self.light_prof = profile(activities=[ProfilerActivity.CUDA])
+        self.light_prof.start()
 
     def _stop(self) -> None:
         self.active = False
@@ -225,7 +293,10 @@ class TorchBackend:
         if self.compile_probe is not None:
             self.compile_probe.stop()
         self._remove_layer_hooks()
-        if self.prof is not None:
+        if self.light_prof is not None:
+            torch.cuda.synchronize()  # the last step's kernels end inside the session
+            self.light_prof.stop()
+        elif self.prof is not None:
             self.prof.stop()
         self.timeline.stop()
 
@@ -234,7 +305,7 @@ class TorchBackend:
             self._stop()
         except Exception:  # noqa: BLE001
             pass
-        self.prof = None
+        self._drop_sessions()
 
     def stop(self) -> None:
         """End the window: stop the profiler (its events stay in memory until :meth:`write`)."""
@@ -251,17 +322,13 @@ class TorchBackend:
         rank, world, backend = getattr(self, "_who", None) or _rank_world()
         out = self.config.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="dpro-") as tmp:
-            raw = Path(tmp) / "trace.json"
-            self.prof.export_chrome_trace(str(raw))
-            part = out / f".{rank_trace_name(rank)}.part"
-            try:
-                with raw.open("rb") as fin, gzip.open(part, "wb", compresslevel=6) as fout:
-                    copy_trace(fin, fout, getattr(self, "_fast_layers", False))
-                os.replace(part, out / rank_trace_name(rank))
-            except BaseException:
-                part.unlink(missing_ok=True)  # e.g. a full disk: leave no half-written file
-                raise
+        struct = Path(self._struct_tmp.name) / "trace.json" if self._struct_tmp is not None else None
+        _export(self.prof, out / rank_trace_name(rank), getattr(self, "_fast_layers", False), struct)
+        light = None
+        if self.light_prof is not None:
+            _export(self.light_prof, out / light_trace_name(rank), False)
+            light = {"structure_step": self.steps[0], "steps": list(self.light_steps),
+                     "trace": light_trace_name(rank)}
         params = [
             {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
              "bytes": p.numel() * p.element_size(), "requires_grad": p.requires_grad}
@@ -295,6 +362,14 @@ class TorchBackend:
             MetaKey.HOROVOD_WRITER_THREAD: self.timeline.writer_tid,
             # the fusion settings it ran with (dpro.optimizer: Horovod's default is the job's own grouping)
             **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if backend == "horovod" else {}),
+            # light mode: the calls recorded CUDA-only, and where (dpro.importers.kineto.light)
+            **({MetaKey.CUDA_LIGHT: light} if light is not None else {}),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
-        self.prof = None
+        self._drop_sessions()
+
+    def _drop_sessions(self) -> None:
+        self.prof = self.light_prof = None
+        if self._struct_tmp is not None:
+            self._struct_tmp.cleanup()
+            self._struct_tmp = None
