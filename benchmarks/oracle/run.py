@@ -18,8 +18,10 @@ every parallel strategy of examples/parallel/ at 2 and 4 processes over gloo.
    (other work on it makes the measurement noisy: say so).
 
 Every job (the calibration, the profiles, the unprofiled runs) runs with the same job
-settings of benchmarks/jobenv.py (``--job-setting``, default ``threads1pin``: one compute
-thread per process, each rank bound to core ``rank % cores``; benchmarks/NOISE.md), and under
+settings of benchmarks/jobenv.py (``--job-setting``, default ``threads1``: one compute
+thread per process in every pool, unpinned; ``threads1pin`` also binds each rank to core
+``rank % cores``, which made the calibration's per-call costs at 2 processes 1.3-1.8x
+higher than unpinned and the jobs no more repeatable: docs/oracle.md), and under
 benchmarks/whatif/boost.py's ``boosted()``: their autogroups get nice -19 (root, autogroup
 on), so other sessions' work only gets the CPU they leave idle; the header says whether
 boosting worked.
@@ -56,8 +58,9 @@ CAPPED = False
 sys.path.insert(0, str(REPO / "benchmarks"))
 import jobenv  # noqa: E402
 
-#: set by --job-setting: the threads and pinning of every rank (calibration, profiles, measured runs)
-SETTING = jobenv.DEFAULT
+#: set by --job-setting: the threads and pinning of every rank (calibration, profiles, measured runs);
+#: unpinned by default (docs/oracle.md, #29's fourth session: pinned and unpinned back to back)
+SETTING = jobenv.SETTINGS["threads1"]
 
 
 def launcher(n: int, script: Path, *args: str) -> list[str]:
@@ -195,7 +198,7 @@ def main() -> None:
     p.add_argument("--calib-compute-us", default="0,2000",
                    help="calibrate the collectives after this much compute (µs), one platform each; the first "
                         "one's predictions are the main table, the others follow")
-    p.add_argument("--job-setting", default=jobenv.DEFAULT.name, choices=list(jobenv.SETTINGS),
+    p.add_argument("--job-setting", default=SETTING.name, choices=list(jobenv.SETTINGS),
                    help="threads and pinning of every job (benchmarks/jobenv.py; default %(default)s)")
     p.add_argument("--out", type=Path, default=Path("/tmp/dpro-oracle-bench"))
     args = p.parse_args()
