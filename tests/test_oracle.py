@@ -218,10 +218,12 @@ def test_trace_without_shapes(run_cli, tmp_path: Path) -> None:
 
 def test_simulate() -> None:
     """--simulate: one group without overlap replays the analytical sum; GPipe's schedule
-    (hand-computed: stage 0 conv 40/80 µs per micro-batch, stage 1 fc 4/8, sends 20.24,
-    each blocking its sender as dist.send does: stage 0 FW m0 0-40, send 40-60.24, FW m1
-    -100.24, send -120.48; stage 1 FW m1 -124.48, BW m0 -132.48, send -152.72, BW m1
-    -160.72, send -180.96; stage 0 BW m0 152.72-232.72, BW m1 -312.72, update 3: 315.72)."""
+    (hand-computed: stage 0 conv 40/80 µs per micro-batch, stage 1 fc 4/8, transfers
+    20.24, each a rendezvous of both stages as gloo's dist.send / dist.recv are: stage 0
+    FW m0 0-40, send 40-60.24, FW m1 -100.24, send -120.48; stage 1 FW m1 -124.48, BW m0
+    -132.48, gradient to stage 0 (waiting in its recv since 120.48) -152.72, BW m1
+    -160.72; stage 0 BW m0 152.72-232.72, only then receives m1's gradient -252.96 (stage
+    1 waits in its send), BW m1 -332.96, update 3: 335.96; with a buffered send, 315.72)."""
     from dpro.oracle.simulate import simulate_prediction
 
     opts = Options(batch=B, micro=2)
@@ -229,10 +231,31 @@ def test_simulate() -> None:
         x = run(s, 2)
         assert simulate_prediction(two_layers(), x, PLAT, opts) == pytest.approx(x.iteration_us), s
     pipe = run("pipeline", 2, micro=2)
-    assert simulate_prediction(two_layers(), pipe, PLAT, opts) == pytest.approx(315.72)
+    assert simulate_prediction(two_layers(), pipe, PLAT, opts) == pytest.approx(335.96)
     # 2 data groups' layer-wise collectives queue on one link: no faster than one group alone
     df = run("data+filter", 4)
     assert simulate_prediction(two_layers(), df, PLAT, Options(batch=B)) >= df.compute_us + 71.04 / 2
+
+
+def test_simulate_pipeline_rendezvous_three_stages() -> None:
+    """An inner stage receives and sends every micro-batch, each transfer a rendezvous
+    (hand-computed: three linear layers, one per stage, 2 / 4 µs forward / backward per
+    micro-batch of 2 samples, transfers 10 + 0.01 x 2 x 50 = 11 µs, update 1 µs each).
+    Forward: s0 FW m0 0-2, ->s1 2-13; s1 FW m0 -15, ->s2 15-26; s2 FW m0 -28; s0 FW m1
+    13-15, ->s1 waits for s1's send of m0: 26-37; s1 FW m1 -39, ->s2 39-50; s2 FW m1 -52.
+    Backward: s2 BW m0 -56, ->s1 56-67; s1 BW m0 -71, ->s0 71-82; s0 BW m0 -86; s2 BW m1
+    67-71, ->s1 waits for s1's send of m0's gradient: 82-93; s1 BW m1 -97, ->s0 97-108;
+    s0 BW m1 -112, update -113. ParaDL's sum: 4 x 6 + 1 + 2 x 3 x 11 = 91."""
+    from dpro.oracle.simulate import simulate_prediction
+
+    lay = [Layer(n, WEIGHTED, fw_us=1, bw_us=2, wu_us=1, x_bytes=50, y_bytes=50, w_bytes=40, channels=10, filters=10)
+           for n in ("fc1", "fc2", "fc3")]
+    m = ModelProfile(lay, batch=2)
+    opts = Options(batch=4, micro=2)
+    pipe = predict(m, "pipeline", 3, PLAT, opts)
+    assert pipe.grid["cuts"] == ["fc2", "fc3"]
+    assert pipe.iteration_us == pytest.approx(91)
+    assert simulate_prediction(m, pipe, PLAT, opts) == pytest.approx(113)
 
 
 def calibrated(links: dict | None = None) -> Platform:

@@ -50,11 +50,11 @@ def _serial_losses() -> list[float]:
     return out
 
 
-def _run(tmp: Path, n: int, strategies: str) -> dict[str, list[float]]:
+def _run(tmp: Path, n: int, strategies: str, *extra: str) -> dict[str, list[float]]:
     out = tmp / f"loss{n}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
            "--master_port", str(_port()), str(EXAMPLES / "train.py"), "--strategy", strategies,
-           "--steps", str(STEPS), "--batch", "32", "--loss-out", str(out)]
+           "--steps", str(STEPS), "--batch", "32", "--loss-out", str(out), *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRO_")} | {"OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -68,7 +68,16 @@ def _run(tmp: Path, n: int, strategies: str) -> dict[str, list[float]]:
 def test_same_loss_as_serial(tmp_path: Path, n: int, strategies: str) -> None:
     ref = _serial_losses()
     assert len(set(round(x, 4) for x in ref)) == STEPS  # the loss moves: a wrong gradient would show
-    got = _run(tmp_path, n, strategies)
+    timing = tmp_path / "t_{rank}.json"  # the step timing (and its wrapped collectives) leave the loss alone
+    got = _run(tmp_path, n, strategies, "--timing-out", str(timing), "--timing-skip", "1")
     assert sorted(got) == sorted(strategies.split(","))
     for s, losses in got.items():
         assert losses == pytest.approx(ref, rel=1e-5, abs=1e-6), s
+    for r in range(n):  # each step's CPU split and time inside the strategy's collectives
+        t = json.loads(Path(str(timing).format(rank=r)).read_text())
+        for s in got:
+            split = t["cpu_us"][s]
+            assert len(split) == len(t["step_us"][s]) == STEPS - 1
+            assert all(x["main_cpu"] > 0 and x["comm"] <= w for x, w in zip(split, t["step_us"][s])), s
+            # DDP all-reduces inside its backward (not a wrapped call); the others call torch.distributed
+            assert (max(x["comm"] for x in split) > 0) == (s != "data"), s

@@ -17,7 +17,11 @@ every parallel strategy of examples/parallel/ at 2 and 4 processes over gloo.
 6. prints the tables (and writes them as JSON) with the load average of the machine
    (other work on it makes the measurement noisy: say so).
 
-Every measured job (the link fit, the profiles, the unprofiled runs) runs under
+Every job (the calibration, the profiles, the unprofiled runs) runs with the same job
+settings of benchmarks/jobenv.py (``--job-setting``, default ``threads1``: one compute
+thread per process in every pool, unpinned; ``threads1pin`` also binds each rank to core
+``rank % cores``, which made the calibration's per-call costs at 2 processes 1.3-1.8x
+higher than unpinned and the jobs no more repeatable: docs/oracle.md), and under
 benchmarks/whatif/boost.py's ``boosted()``: their autogroups get nice -19 (root, autogroup
 on), so other sessions' work only gets the CPU they leave idle; the header says whether
 boosting worked.
@@ -51,6 +55,12 @@ def _port() -> int:
 
 #: set by --cap-mbit: ranks run in the capped namespaces (netns_launch.py) instead of under torchrun
 CAPPED = False
+sys.path.insert(0, str(REPO / "benchmarks"))
+import jobenv  # noqa: E402
+
+#: set by --job-setting: the threads and pinning of every rank (calibration, profiles, measured runs);
+#: unpinned by default (docs/oracle.md, #29's fourth session: pinned and unpinned back to back)
+SETTING = jobenv.SETTINGS["threads1"]
 
 
 def launcher(n: int, script: Path, *args: str) -> list[str]:
@@ -58,14 +68,19 @@ def launcher(n: int, script: Path, *args: str) -> list[str]:
     process per network namespace under a cap)."""
     if CAPPED:
         return [sys.executable, str(REPO / "benchmarks" / "oracle" / "netns_launch.py"), str(n), str(_port()),
-                str(script), *args]
+                *SETTING.script(script), *args]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-            "--master_port", str(_port()), str(script), *args]
+            "--master_port", str(_port()), *SETTING.script(script), *args]
+
+
+def job_env() -> dict[str, str]:
+    """The environment of every job: this one's (without ``DPRO_*``), one thread, the setting's."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DPRO_")} | {"OMP_NUM_THREADS": "1"} | SETTING.env()
 
 
 def torchrun(n: int, script: Path, *args: str, env: dict | None = None) -> None:
     cmd = launcher(n, script, *args)
-    e = {k: v for k, v in os.environ.items() if not k.startswith("DPRO_")} | {"OMP_NUM_THREADS": "1"} | (env or {})
+    e = job_env() | (env or {})
     r = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=1200)
     if r.returncode:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr[-3000:]}")
@@ -92,20 +107,26 @@ def platform_file(out: Path, procs: list[int], compute_us: float = 0.0, idle_us:
 
 
 def measure(n: int, strategies: list[str], extra: list[str], out: Path, steps: int, skip: int,
-            repeats: int) -> dict[str, list[float]]:
+            repeats: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per strategy, one iteration time per launch (median over steps of the mean over
-    ranks); launches alternate the order of the strategies."""
+    ranks), and the time of it spent inside the strategy's torch.distributed calls (the
+    same statistic of train.py's ``cpu_us`` ``comm``: waiting for the peers included);
+    launches alternate the order of the strategies."""
     got: dict[str, list[float]] = {s: [] for s in strategies}
+    comm: dict[str, list[float]] = {s: [] for s in strategies}
     for k in range(repeats):
         order = strategies if k % 2 == 0 else strategies[::-1]
         pattern = out / f"timing{n}_{k}_{{rank}}.json"
         torchrun(n, TRAIN, "--strategy", ",".join(order), "--steps", str(steps), "--timing-skip", str(skip),
                  "--timing-out", str(pattern), *extra)
-        per_rank = [json.loads(Path(str(pattern).format(rank=r)).read_text())["step_us"] for r in range(n)]
+        files = [json.loads(Path(str(pattern).format(rank=r)).read_text()) for r in range(n)]
+        per_rank = [f["step_us"] for f in files]
         for s in strategies:
             got[s].append(statistics.median(float(np.mean([pr[s][i] for pr in per_rank]))
                                             for i in range(len(per_rank[0][s]))))
-    return got
+            comm[s].append(statistics.median(float(np.mean([f["cpu_us"][s][i]["comm"] for f in files]))
+                                             for i in range(len(per_rank[0][s]))))
+    return got, comm
 
 
 def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
@@ -117,7 +138,7 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
         # missing from one rank's recorded trace, dpro profile exit 2)
         cmd = [sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
                *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)]
-        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=job_env())
         if p.returncode == 0:
             break
         print(f"# profile of {strategy} x{n} failed (try {attempt}): {p.stderr.strip()[-600:]}", file=sys.stderr)
@@ -147,7 +168,7 @@ def median_profile(out: Path, batch: int, k: int) -> Path:
         t = out / f"trace_{i}"
         subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(t), "--",
                         *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(batch))],
-                       cwd=REPO, check=True, capture_output=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+                       cwd=REPO, check=True, capture_output=True, env=job_env())
         m = model_profile(dpro.open(t))
         got.append((sum((x.fw_us + x.bw_us) * m.batch + x.fw_call_us + x.bw_call_us for x in m.layers), t))
     got.sort()
@@ -160,7 +181,7 @@ def median_profile(out: Path, batch: int, k: int) -> Path:
 
 
 def main() -> None:
-    global CAPPED
+    global CAPPED, SETTING
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--procs", default="2,4")
     p.add_argument("--batch", type=int, default=32)
@@ -177,8 +198,11 @@ def main() -> None:
     p.add_argument("--calib-compute-us", default="0,2000",
                    help="calibrate the collectives after this much compute (µs), one platform each; the first "
                         "one's predictions are the main table, the others follow")
+    p.add_argument("--job-setting", default=SETTING.name, choices=list(jobenv.SETTINGS),
+                   help="threads and pinning of every job (benchmarks/jobenv.py; default %(default)s)")
     p.add_argument("--out", type=Path, default=Path("/tmp/dpro-oracle-bench"))
     args = p.parse_args()
+    SETTING = jobenv.SETTINGS[args.job_setting]
     sys.path.insert(0, str(REPO))
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO / "benchmarks" / "whatif"))
@@ -221,12 +245,13 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
         hyb = [s for s in preds if "+" in s]
         if hyb:
             extra += ["--p2", str(n // preds[hyb[0]].grid["data"])]
-        runs = measure(n, list(preds), extra + ["--batch", str(args.batch)], args.out, args.steps, args.skip,
-                       args.repeats)
+        runs, in_comm = measure(n, list(preds), extra + ["--batch", str(args.batch)], args.out, args.steps,
+                                args.skip, args.repeats)
         for s, x in preds.items():
             seen = profiled(n, s, extra + ["--batch", str(args.batch)], args.out) if args.profile_each else None
             sim, m = res.simulated.get((s, n)), statistics.median(runs[s])
             rows.append({"strategy": s, "devices": n, "measured_us": m, "runs_us": runs[s],
+                         "measured_comm_us": statistics.median(in_comm[s]), "runs_comm_us": in_comm[s],
                          "spread_pct": 100 * (max(runs[s]) - min(runs[s])) / m, "predicted_us": x.iteration_us,
                          "error_pct": 100 * (x.iteration_us - m) / m, "simulated_us": sim,
                          "sim_error_pct": 100 * (sim - m) / m if sim == sim else None,
@@ -257,14 +282,19 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
     print(f"network: {net}; platform: α {res.platform.alpha_us:.1f} µs, β {res.platform.beta_us_per_byte * 1e3:.3f} ns/B; "
           f"load average before {load0[0]:.2f}, after {load1[0]:.2f} on {os.cpu_count()} CPUs; "
           f"measured jobs boosted: {'yes' if boosted_ else 'no'}")
+    print(f"job setting: {SETTING.name} ({SETTING.notes}); 'in comm': measured time inside the strategy's "
+          f"torch.distributed calls (waits for peers included; DDP's all-reduce is inside its backward: -) | predicted "
+          f"communication")
     print(f"{'strategy':<13} {'p':>2} {'measured ms':>11} {'runs ±%':>7} {'oracle ms':>9} {'err %':>6} {'sim ms':>7} {'err %':>6}"
-          f"  {'compute':>7} {'host':>5}  communication by phase (ms)")
+          f"  {'in comm':>7} | {'pred':>6}  {'compute':>7} {'host':>5}  communication by phase (ms)")
     for r in rows:
         comm = " ".join(f"{k} {v / 1e3:.2f}" for k, v in r["communication_us"].items() if v)
         sim = "" if r["sim_error_pct"] is None else f"{r['simulated_us'] / 1e3:7.2f} {r['sim_error_pct']:+6.1f}"
+        incomm = f"{r['measured_comm_us'] / 1e3:7.2f}" if r["strategy"] != "data" else "-"
         print(f"{r['strategy']:<13} {r['devices']:>2} {r['measured_us'] / 1e3:11.2f} {r['spread_pct']:7.1f} "
               f"{r['predicted_us'] / 1e3:9.2f} "
-              f"{r['error_pct']:+6.1f} {sim:>14}  {r['compute_us'] / 1e3:7.2f} {sum(r['host_us'].values()) / 1e3:5.2f}  {comm}")
+              f"{r['error_pct']:+6.1f} {sim:>14}  {incomm:>7} | {sum(r['communication_us'].values()) / 1e3:6.2f}  "
+              f"{r['compute_us'] / 1e3:7.2f} {sum(r['host_us'].values()) / 1e3:5.2f}  {comm}")
     print(f"mean |error|: analytical {mean_err:.1f} %, simulated {statistics.mean(sims) if sims else float('nan'):.1f} %"
           f" (calibrated after {calibs[0]:g} µs of compute)")
     for c, other in alts.items():
@@ -282,6 +312,7 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
         serrs = [abs(r["alt"][c]["sim_error_pct"]) for r in rows if r["alt"][c]["sim_error_pct"] == r["alt"][c]["sim_error_pct"]]
         print(f"mean |error|: analytical {statistics.mean(errs):.1f} %, simulated {statistics.mean(serrs):.1f} %")
     (args.out / "result.json").write_text(json.dumps({"rows": rows, "load": [load0, load1], "cap_mbit": args.cap_mbit,
+                                                      "job_setting": SETTING.name,
                                                       "boosted": boosted_,
                                                       "platform": res.platform.to_json()}, indent=1))
     print(f"wrote {args.out / 'result.json'}")

@@ -14,9 +14,12 @@ ordering and overlap are simulated:
   formulas express with φ) — with contention off, or on a platform whose ranks have
   links of their own (the calibration's topology "per-rank"), one link per group;
 * pipeline: one device per stage, GPipe order (all micro-batches forward, then all
-  backward), each send a blocking op of the sending stage (``dist.send``), in program
-  order (before #29's third session: on a link of its own, overlapping the stage's next
-  compute, which the implementation does not do).
+  backward); each transfer is a **rendezvous** of the two stages (gloo's ``dist.send``
+  returns only once the receiver has posted its ``dist.recv``, whatever the size:
+  measured, docs/oracle.md): one op on the pair's link after the sender's previous op
+  and the receiver's, before the next op of both, in each stage's program order (before
+  #29's fourth session: a send blocked its sender only, as if buffered by the receiver;
+  before its third: on a link of its own, overlapping the sender's next compute).
 
 Collective durations are the formulas' ring costs without φ (on a link with a token
 bucket, refilled as the analytical prediction's ``refill_us`` says). Device counts above
@@ -178,9 +181,11 @@ def _layered(m: ModelProfile, pr: Prediction, link: Link, B: int, contention: bo
 
 def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: float) -> float:
     """GPipe as examples/parallel/strategies.gpipe_step runs it: per stage, every
-    micro-batch forward (receive, compute, send), then every micro-batch backward; a send
-    is ``dist.send``, which **blocks its stage** until the message is out, so it runs on
-    the sending stage's device, in program order, and its receiver waits for it."""
+    micro-batch forward (receive, compute, send), then every micro-batch backward
+    (receive the gradient, compute, send it back). A transfer between stages i and i+1 is
+    a rendezvous (gloo: ``dist.send`` waits for the matching ``dist.recv``): one op on the
+    pair's link that starts when the sender has finished its previous op and the receiver
+    reaches its receive (its previous op done), and that both stages' next ops wait for."""
     p, S = pr.devices, pr.grid["micro_batches"]
     groups = stages(m, p)
     if not groups:
@@ -188,32 +193,37 @@ def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: flo
     b = B / S
     gb = GraphBuilder()
     dev = [gb.add_device(f"stage{i}", owner=f"stage{i}", is_comm=False) for i in range(p)]
+    wire = [gb.add_device(f"link{i}-{i + 1}", owner="net", is_comm=True) for i in range(p - 1)]
     fw_t = [slowdown * sum(x.fw_us * b + x.fw_call_us for x in st) for st in groups]
     bw_t = [slowdown * sum(x.bw_us * b + x.bw_call_us for x in st) for st in groups]
     last: list[int | None] = [None] * p  # each stage's previous op: program order
 
-    def op(i: int, name: str, dur: float, cat: str, prio: float, after: list[int]) -> int:
+    def op(i: int, name: str, dur: float, cat: str, prio: float) -> None:
         k = gb.add_op(name, dur=dur, cat=cat, device=dev[i], prio=prio)
-        for a in after + ([last[i]] if last[i] is not None else []):
-            gb.add_edge(a, k)
+        if last[i] is not None:
+            gb.add_edge(last[i], k)
         last[i] = k
-        return k
 
-    sent: dict[tuple[int, int], int] = {}
-    for j in range(S):
+    def transfer(a: int, c: int, name: str, nbytes: float, prio: float) -> None:
+        """Stage a sends to stage c (neighbours): both take part, in their program order."""
+        k = gb.add_op(name, dur=link.p2p(nbytes), cat="COMM", device=wire[min(a, c)], prio=prio)
+        for i in (a, c):
+            if last[i] is not None:
+                gb.add_edge(last[i], k)
+            last[i] = k
+
+    for j in range(S):  # stage i's forward of micro-batch j: receive (the previous stage's send), compute
         for i in range(p):
-            f = op(i, f"FW s{i} m{j}", fw_t[i], "FW", float(j), [sent[i - 1, j]] if i else [])
+            op(i, f"FW s{i} m{j}", fw_t[i], "FW", float(j))
             if i < p - 1:
-                sent[i, j] = op(i, f"send s{i} m{j}", link.p2p(b * groups[i][-1].y_bytes), "COMM", float(j), [f])
-    grad: dict[tuple[int, int], int] = {}
+                transfer(i, i + 1, f"send s{i} m{j}", b * groups[i][-1].y_bytes, float(j))
     for j in range(S):
         for i in reversed(range(p)):
-            g = op(i, f"BW s{i} m{j}", bw_t[i], "BW", float(S + j), [grad[i + 1, j]] if i < p - 1 else [])
+            op(i, f"BW s{i} m{j}", bw_t[i], "BW", float(S + j))
             if i:
-                grad[i, j] = op(i, f"send grad s{i} m{j}", link.p2p(b * groups[i - 1][-1].y_bytes), "COMM",
-                                float(S + j), [g])
+                transfer(i, i - 1, f"send grad s{i} m{j}", b * groups[i - 1][-1].y_bytes, float(S + j))
     for i in range(p):
-        op(i, f"UPDATE s{i}", slowdown * (sum(x.wu_us for x in groups[i]) + m.overhead_us), "UPDATE", float(2 * S), [])
+        op(i, f"UPDATE s{i}", slowdown * (sum(x.wu_us for x in groups[i]) + m.overhead_us), "UPDATE", float(2 * S))
     return simulate(gb.compile()).makespan
 
 

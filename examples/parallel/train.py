@@ -6,7 +6,10 @@
 
 ``--batch`` is the global batch (data parallelism gives each rank batch/p samples);
 ``--loss-out`` writes the loss of every step (the same on every strategy for one seed);
-``--timing-out`` each rank's step times (µs) after ``--timing-skip`` steps; under
+``--timing-out`` each rank's step times (µs) after ``--timing-skip`` steps, with the
+step's CPU split from the kernel's schedstat (``cpu_us``: the main thread's CPU time and
+its wait for a core, the other threads' (gloo's) CPU time and wait; ``comm``: the wall
+time the main thread spent inside torch.distributed calls and halo exchanges); under
 ``dpro profile`` (or with ``DPRO_TRACE_DIR``) dpro's recorder profiles a window of steps.
 The pipeline's micro-batches (``--micro``) and stage cut points (``--cuts``) are what
 ``dpro oracle`` proposes for the launcher.
@@ -70,18 +73,73 @@ def main() -> None:
     results = {s: run(s, args, rank, world) for s in todo}
     if args.timing_out:
         Path(args.timing_out.format(rank=rank)).write_text(json.dumps(
-            {"rank": rank, "world_size": world, "step_us": {s: r[1][args.timing_skip:] for s, r in results.items()}}))
+            {"rank": rank, "world_size": world, "step_us": {s: r[1][args.timing_skip:] for s, r in results.items()},
+             "cpu_us": {s: r[2][args.timing_skip:] for s, r in results.items()}}))
     if rank == 0:
         if args.loss_out:
             Path(args.loss_out).write_text(json.dumps({"world_size": world, "loss": {s: r[0] for s, r in results.items()}}))
-        for s, (losses, _) in results.items():
+        for s, (losses, *_) in results.items():
             print(f"{s} x{world}: {args.steps} steps, last loss {losses[-1]:.6f}")
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run(s: str, args: argparse.Namespace, rank: int, world: int) -> tuple[list[float], list[float]]:
-    """Train ``args.steps`` steps with strategy ``s``: (the global batch's loss per step, this rank's step µs)."""
+def _schedstat() -> tuple[float, float, float, float]:
+    """(main thread's CPU, its run-queue wait, the other threads' CPU, their wait), µs
+    since they started (/proc/<pid>/task/*/schedstat; zeros where the kernel has none)."""
+    got = [0.0, 0.0, 0.0, 0.0]
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return tuple(got)
+    me = str(os.getpid())
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/schedstat") as f:
+                cpu, wait = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        k = 0 if t == me else 2
+        got[k] += int(cpu) / 1e3
+        got[k + 1] += int(wait) / 1e3
+    return tuple(got)
+
+
+class CommClock:
+    """The wall time (µs) the main thread spends inside the collectives and point-to-point
+    calls the strategies make (``torch.distributed``'s functions and strategies._exchange,
+    wrapped while timing); DDP's bucketed all-reduce runs in its reducer, so its wait shows
+    in the backward pass instead."""
+
+    NAMES = ("all_reduce", "all_gather", "send", "recv", "broadcast")
+
+    def __init__(self) -> None:
+        import strategies
+
+        self.us = 0.0
+        self.saved = [(dist, n, getattr(dist, n)) for n in self.NAMES] + [(strategies, "_exchange",
+                                                                           strategies._exchange)]
+        for mod, name, f in self.saved:
+            setattr(mod, name, self._timed(f))
+
+    def _timed(self, f):
+        def call(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return f(*a, **kw)
+            finally:
+                self.us += (time.perf_counter() - t) * 1e6
+        return call
+
+    def close(self) -> None:
+        for mod, name, f in self.saved:
+            setattr(mod, name, f)
+
+
+def run(s: str, args: argparse.Namespace, rank: int,
+        world: int) -> tuple[list[float], list[float], list[dict[str, float]]]:
+    """Train ``args.steps`` steps with strategy ``s``: (the global batch's loss per step, this
+    rank's step µs, its CPU split per step: :func:`_schedstat`'s deltas when timing)."""
     serial = build_serial(args.seed, args.width)
     params_scale: list[tuple[list, object, float]] = []  # (params, group, scale) to all-reduce after backward
     if s == "data":
@@ -144,11 +202,20 @@ def run(s: str, args: argparse.Namespace, rank: int, world: int) -> tuple[list[f
         opt.step()
         return loss
 
-    losses, step_us = [], []
+    losses, step_us, cpu = [], [], []
+    clock = CommClock() if args.timing_out else None
     for i in range(args.steps):
+        c0 = _schedstat() if clock else None
+        if clock:
+            clock.us = 0.0
         t = time.perf_counter()
         losses.append(train_one_step(i))
         step_us.append((time.perf_counter() - t) * 1e6)
+        if clock:
+            d = [b - a for a, b in zip(c0, _schedstat())]
+            cpu.append({"main_cpu": d[0], "main_wait": d[1], "threads_cpu": d[2], "threads_wait": d[3], "comm": clock.us})
+    if clock:
+        clock.close()
     # the loss of the global batch: data groups average theirs, the pipeline's last stage has it
     lt = torch.tensor(losses)
     if s == "pipeline":
@@ -156,7 +223,7 @@ def run(s: str, args: argparse.Namespace, rank: int, world: int) -> tuple[list[f
     elif s in ("data", "data+filter", "data+spatial"):
         dist.all_reduce(lt)
         lt /= world
-    return lt.tolist(), step_us
+    return lt.tolist(), step_us, cpu
 
 
 if __name__ == "__main__":
