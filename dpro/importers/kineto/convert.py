@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import bisect
-import difflib
 import gc
-import statistics
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -296,6 +294,8 @@ def align_step(by_dev: dict[str, list[Seg]], ref: dict[str, list[Seg]], t0: floa
     GPU tail the steady state carries; docs/kineto.md). None when fewer than
     ``ALIGN_MIN`` of the reference's ops match.
     """
+    import difflib  # here, as statistics below: not on every import's path (~1 and ~5 ms at start-up)
+
     out: list[Seg] = []
     matched = total = 0
     for dev, rss in ref.items():
@@ -382,7 +382,8 @@ def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, 
         for dev, ss in built[st][0].items():
             if dev.startswith("gpu"):
                 lengths[dev].append(_tail_length(ss, t1))
-    tail = {dev: n for dev, v in lengths.items() if (n := int(statistics.median_low(v))) > 0}
+    # the median_low of each queue's tail lengths (statistics' own import costs ~5 ms of every import)
+    tail = {dev: n for dev, v in lengths.items() if (n := int(sorted(v)[(len(v) - 1) // 2])) > 0}
     originals: dict[int, Seg] = {}
     if not tail:
         return originals
@@ -467,6 +468,8 @@ def gpu_bound_period(steps: dict[int, tuple[float, float]], gpu: list[Seg]) -> f
     lag = {s: first[s] - steps[s][0] for s in order}
     if not all(lag[b] > lag[a] for a, b in runs):
         return None
+    import statistics
+
     return float(statistics.median(first[b] - first[a] for a, b in runs))
 
 
