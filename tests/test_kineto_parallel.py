@@ -69,12 +69,12 @@ def test_default_mapper(monkeypatch):
     assert pool.default_mapper([]) is serial
     assert pool.default_mapper([big]) is serial
     assert pool.default_mapper([100] * 8) is serial  # small: a worker costs more than it saves
-    assert pool.default_mapper([big] * 8) == ProcessPool(4, idle=pool._load_numpy)
+    assert pool.default_mapper([big] * 8) == ProcessPool(4, meanwhile=pool._load_numpy)
     assert pool.default_mapper([big] * 2) is serial  # both at once would be the whole input
     assert pool.default_mapper([big] * 3) is serial
-    assert pool.default_mapper([big] * 6) == ProcessPool(3, idle=pool._load_numpy)
+    assert pool.default_mapper([big] * 6) == ProcessPool(3, meanwhile=pool._load_numpy)
     assert pool.default_mapper([4 * big] + [big] * 8) is serial  # one rank is a third of the input
     monkeypatch.setenv(pool.WORKERS_ENV, "2")
-    assert pool.default_mapper([big] * 8) == ProcessPool(2, idle=pool._load_numpy)
+    assert pool.default_mapper([big] * 8) == ProcessPool(2, meanwhile=pool._load_numpy)
     monkeypatch.setenv(pool.WORKERS_ENV, "1")
     assert pool.default_mapper([big] * 8) is serial
