@@ -126,6 +126,10 @@ def replay(
     import gc
 
     mapper = mapper_for(ray_address) if ray_address else None
+    # numpy loads while the import's forked workers run (dpro.importers.kineto.pool); its
+    # OpenBLAS would start a thread per core that spins a while on the workers' core, and
+    # the replay's arrays are small: one thread, unless the caller's environment says otherwise
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     gc.disable()  # opening makes few cycles; each collection would traverse the trace just imported
     try:
         job = open_job(path, rank_pattern=rank_pattern, align=not no_align, cache=False if no_cache else None,

@@ -72,12 +72,13 @@ class ProcessPool:
     has taken yet, from the last one back, while it waits for the next result in order
     (one process fewer to start and to hold memory). Else ``workers`` are spawned.
 
-    ``idle``: run once in this process (fork mode) the first time it has no item left to
-    take and waits for a worker's result: work of its own that the items' results do not
-    need (the Kineto import loads numpy there, which the analysis after it needs)."""
+    ``meanwhile``: run once in this process (fork mode) as soon as the workers have
+    started, before it takes items itself: work of its own that the items' results do not
+    need, done while the workers run (the Kineto import loads numpy there, which the
+    analysis after it needs)."""
 
     workers: int | None = None
-    idle: Callable[[], object] | None = None
+    meanwhile: Callable[[], object] | None = None
 
     def __call__(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         items = list(items)
@@ -95,14 +96,15 @@ class ProcessPool:
                     for f in futures:
                         f.cancel()
             return
-        yield from _forked(fn, items, n - 1, self.idle)
+        yield from _forked(fn, items, n - 1, self.meanwhile)
 
 
 #: the GIL's switch interval in this process while :func:`_forked` runs (Python's default: 5 ms)
 SWITCH_INTERVAL_S = 2e-4
 
 
-def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[], object] | None = None) -> Iterator[R]:
+def _forked(fn: Callable[[T], R], items: list[T], workers: int,
+            meanwhile: Callable[[], object] | None = None) -> Iterator[R]:
     """:class:`ProcessPool`'s fork mode: ``workers`` forked processes and this one.
 
     The items not started yet are ``items[span[0]:span[1]]``, two integers in shared memory
@@ -185,6 +187,8 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[
         gc.unfreeze()
     with pool:
         try:
+            if meanwhile is not None:
+                meanwhile()  # the workers have their first items: this process's own work now
             for i in range(len(items)):
                 while i not in results:
                     j = take(front=False)  # the last item not started (at the end: i itself)
@@ -195,10 +199,6 @@ def _forked(fn: Callable[[T], R], items: list[T], workers: int, idle: Callable[[
                             r = (False, e)
                         with done:
                             results[j] = r
-                        continue
-                    if idle is not None:
-                        idle()  # nothing left to take: this process would only wait
-                        idle = None
                         continue
                     with done:
                         done.wait_for(lambda: i in results or bool(failed))

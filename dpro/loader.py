@@ -44,12 +44,16 @@ def open_trace(path: str | Path, rank_pattern: str = DEFAULT_RANK_PATTERN, *, ca
 def _import_cached(p: Path, rank_pattern: str, cache: bool | None, progress: bool | None,
                    mapper: Mapper | None = None) -> GTrace:
     """``import_kineto`` + validate, through the trace cache."""
-    from dpro.gtrace.cache import TraceCache, default_dir, enabled_by_default
     from dpro.gtrace.validate import validate
     from dpro.importers.kineto import import_kineto
     from dpro.importers.kineto.read import trace_files
+    from dpro.resultcache import enabled_by_default
 
-    store = TraceCache(default_dir()) if (enabled_by_default() if cache is None else cache) else None
+    store = None
+    if enabled_by_default() if cache is None else cache:  # the cache module (hashlib, ~5 ms) only when used
+        from dpro.gtrace.cache import TraceCache, default_dir
+
+        store = TraceCache(default_dir())
     key = None
     if store is not None and store.usable_for(p):
         try:

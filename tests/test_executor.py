@@ -60,18 +60,17 @@ def _sleep_first(i: int) -> int:
     return i
 
 
-def test_forked_pool_runs_idle_once_while_it_waits():
-    """``idle`` runs once, in this process, when it has nothing left to take and waits for
-    the worker (item 0, slow); the results are unchanged. The Kineto import's pool loads
-    numpy there."""
+def test_forked_pool_runs_meanwhile_once_while_the_worker_runs():
+    """``meanwhile`` runs once, in this process, once the worker has started (it takes
+    item 0, slow); the results are unchanged. The Kineto import's pool loads numpy there."""
     from dpro.importers.kineto.pool import default_mapper
 
     calls: list[int] = []
-    pool = ProcessPool(2, idle=lambda: calls.append(os.getpid()))
+    pool = ProcessPool(2, meanwhile=lambda: calls.append(os.getpid()))
     assert list(pool(_sleep_first, range(4))) == [0, 1, 2, 3]
     assert calls == [os.getpid()]
     mapper = default_mapper([2**20] * 8)
-    assert isinstance(mapper, ProcessPool) and mapper.idle is not None
+    assert isinstance(mapper, ProcessPool) and mapper.meanwhile is not None
 
 
 def test_mapper_for():

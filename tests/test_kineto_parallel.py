@@ -69,12 +69,27 @@ def test_default_mapper(monkeypatch):
     assert pool.default_mapper([]) is serial
     assert pool.default_mapper([big]) is serial
     assert pool.default_mapper([100] * 8) is serial  # small: a worker costs more than it saves
-    assert pool.default_mapper([big] * 8) == ProcessPool(4, idle=pool._load_numpy)
+    assert pool.default_mapper([big] * 8) == ProcessPool(4, meanwhile=pool._load_numpy)
     assert pool.default_mapper([big] * 2) is serial  # both at once would be the whole input
     assert pool.default_mapper([big] * 3) is serial
-    assert pool.default_mapper([big] * 6) == ProcessPool(3, idle=pool._load_numpy)
+    assert pool.default_mapper([big] * 6) == ProcessPool(3, meanwhile=pool._load_numpy)
     assert pool.default_mapper([4 * big] + [big] * 8) is serial  # one rank is a third of the input
     monkeypatch.setenv(pool.WORKERS_ENV, "2")
-    assert pool.default_mapper([big] * 8) == ProcessPool(2, idle=pool._load_numpy)
+    assert pool.default_mapper([big] * 8) == ProcessPool(2, meanwhile=pool._load_numpy)
     monkeypatch.setenv(pool.WORKERS_ENV, "1")
     assert pool.default_mapper([big] * 8) is serial
+
+
+def test_rank_result_pickles_to_an_equal_result():
+    """What a worker sends back (events as columns, ops as field tuples) is rebuilt equal:
+    every op field (COMM ones included), the ops' order, the events."""
+    import pickle
+
+    from dpro.importers.kineto.convert import RankTask, import_rank
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN
+
+    r = import_rank(RankTask(SRC / "rank0.json.gz", DEFAULT_RANK_PATTERN, 0))
+    assert any(op.cat == "COMM" and op.txn for op in r.node.ops.values())
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r and list(back.node.ops) == list(r.node.ops)
+    assert r.node.ops and r.node.events  # pickling left the original whole

@@ -15,7 +15,6 @@ and ``dpro replay`` predict the job as it runs unprofiled.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +76,8 @@ def measured_overhead(nt: NodeTrace) -> Overhead | None:
     window = window[1:] or window
     after = [float(w) for w in after] if isinstance(after, list) else []
     if len(after) >= 6:
+        import statistics  # here: only a recorder's trace has these (statistics costs ~5 ms to import)
+
         settled = after[len(after) // 2:]
         return Overhead(statistics.median(settled), statistics.median(window), both)
     if len(warm) < 4:
@@ -109,5 +110,7 @@ def job_overhead(nodes: list[NodeTrace]) -> Overhead | None:
     ovs = [o for o in (measured_overhead(nt) for nt in nodes) if o is not None]
     if not ovs:
         return None
+    import statistics
+
     return Overhead(statistics.median(o.unprofiled_us for o in ovs), statistics.median(o.profiled_us for o in ovs),
                     any(o.both_ways for o in ovs))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import bisect
-import difflib
 import gc
-import statistics
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import starmap
+from operator import attrgetter
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -296,6 +296,8 @@ def align_step(by_dev: dict[str, list[Seg]], ref: dict[str, list[Seg]], t0: floa
     GPU tail the steady state carries; docs/kineto.md). None when fewer than
     ``ALIGN_MIN`` of the reference's ops match.
     """
+    import difflib  # here, as statistics below: not on every import's path (~1 and ~5 ms at start-up)
+
     out: list[Seg] = []
     matched = total = 0
     for dev, rss in ref.items():
@@ -382,7 +384,8 @@ def carry_gpu_tails(built: dict, kept: list[int], steps: dict[int, tuple[float, 
         for dev, ss in built[st][0].items():
             if dev.startswith("gpu"):
                 lengths[dev].append(_tail_length(ss, t1))
-    tail = {dev: n for dev, v in lengths.items() if (n := int(statistics.median_low(v))) > 0}
+    # the median_low of each queue's tail lengths (statistics' own import costs ~5 ms of every import)
+    tail = {dev: n for dev, v in lengths.items() if (n := int(sorted(v)[(len(v) - 1) // 2])) > 0}
     originals: dict[int, Seg] = {}
     if not tail:
         return originals
@@ -467,6 +470,8 @@ def gpu_bound_period(steps: dict[int, tuple[float, float]], gpu: list[Seg]) -> f
     lag = {s: first[s] - steps[s][0] for s in order}
     if not all(lag[b] > lag[a] for a, b in runs):
         return None
+    import statistics
+
     return float(statistics.median(first[b] - first[a] for a, b in runs))
 
 
@@ -688,22 +693,32 @@ class RankResult:
     notes: list[str] = field(default_factory=list)
 
     def __getstate__(self) -> dict:
-        """Pickled (back from a worker process) with the node's events as four columns:
-        a tenth of the time of pickling each :class:`Event` object (per-object Python)."""
+        """Pickled (back from a worker process) with the node's events as four columns and
+        its ops as one tuple of field values each: a tenth of the time of pickling each
+        :class:`Event` object, a quarter for the ops (a slotted dataclass is pickled and
+        rebuilt field by field in Python)."""
         nt = self.node
         names = {k: k for k in nt.ops}  # one string per op name, in the pickle and here
         ev = nt.events
         cols = ([names.get(e.op, e.op) for e in ev], [e.step for e in ev], [e.ts for e in ev], [e.dur for e in ev])
         state = dict(self.__dict__)
-        state["node"] = replace(nt, events=[])
+        state["node"] = replace(nt, events=[], ops={})
         state["_events"] = cols
+        state["_ops"] = (list(nt.ops), list(map(_OP_FIELDS, nt.ops.values())))
         return state
 
     def __setstate__(self, state: dict) -> None:
         cols = state.pop("_events", None)
+        ops = state.pop("_ops", None)
         self.__dict__.update(state)
         if cols is not None:
             self.node.events = list(map(Event, *cols))
+        if ops is not None:
+            self.node.ops = dict(zip(ops[0], starmap(Op, ops[1])))
+
+
+#: an :class:`Op`'s field values, in the order ``Op(*values)`` takes them
+_OP_FIELDS = attrgetter(*(f.name for f in fields(Op)))
 
 
 @contextmanager

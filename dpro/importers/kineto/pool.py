@@ -41,11 +41,15 @@ def default_mapper(sizes: Sequence[int]) -> Mapper:
                   total // (2 * largest) if largest else len(sizes))
     if workers <= 1 or total < (POOL_MIN_BYTES_FORK if start_method() == "fork" else POOL_MIN_BYTES):
         return serial
-    return ProcessPool(workers, idle=_load_numpy)
+    return ProcessPool(workers, meanwhile=_load_numpy)
 
 
 def _load_numpy() -> None:
     """Import numpy (what the analysis after an import needs first: op statistics, the
-    replay's arrays; ~0.1 s) while this process waits for a forked worker's last ranks,
-    instead of after them; the import itself does not need it (nor do the workers)."""
+    replay's arrays; ~0.1 s) while the forked workers convert their first ranks, instead of
+    after the ranks; the import itself does not need it (nor do the workers). Loaded when
+    this process had no rank left to take instead, it ran after the ranks on most runs of
+    ``param_dlrm_8rank`` (this process's own last rank ends last). OpenBLAS's threads spin
+    for a while once numpy is loaded, on the core a worker uses: ``dpro replay`` runs it
+    with one (``OPENBLAS_NUM_THREADS``, dpro/cli.py)."""
     import numpy  # noqa: F401
