@@ -6,6 +6,15 @@ benchmarks/jobenv.py. Medians over the steps after the warm-up of the mean over 
 
     benchmarks/measure.sh .venv/bin/python benchmarks/oracle/cpu_split.py --procs 2,4 \\
         --strategies data,filter,channel,spatial,pipeline --settings threads1,threads1pin
+
+``--from-run OUT [OUT ...]`` measures nothing: it reads run.py's outputs (the per-rank
+``timing<p>_<launch>_<rank>.json`` its unprofiled launches wrote, and result.json) and
+splits each row's error in two: the main threads' CPU stretched by the core sharing
+(``main cpu`` × max(1, p/N), what the predicted compute + host stand for) against the
+predicted compute + host, and the rest of the step (``step − that``: the collectives'
+CPU on the shared cores and the waits) against the predicted communication; ``gloo`` is
+the other threads' CPU × max(1, p/N), the collectives' own CPU within that rest. Both
+launches of a row are averaged (each: median over steps of the mean over ranks).
 """
 
 from __future__ import annotations
@@ -52,6 +61,34 @@ def summary(per_rank: list[dict], s: str) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
+def from_run(out: Path, cores: int) -> None:
+    """Print the split of each row of run.py's ``out`` (ms)."""
+    res = json.loads((out / "result.json").read_text())
+    print(f"{out}: ms per step; busy = main cpu x max(1, p/{cores}), rest = step - busy, gloo = other threads' cpu "
+          f"x max(1, p/{cores})")
+    print(f"{'strategy':<13} {'p':>2} {'step':>7} {'pred':>7} {'err %':>6} | {'busy':>6} {'pred':>6} {'diff':>6} | "
+          f"{'rest':>6} {'pred':>6} {'diff':>6} | {'gloo':>6} {'wait':>6}")
+    for r in res["rows"]:
+        s, n = r["strategy"], r["devices"]
+        launches = sorted({f.name.split("_")[1] for f in out.glob(f"timing{n}_*_0.json")})
+        ms = []
+        for k in launches:
+            per_rank = [json.loads((out / f"timing{n}_{k}_{rank}.json").read_text()) for rank in range(n)]
+            if s in per_rank[0]["cpu_us"] and per_rank[0]["cpu_us"][s]:
+                ms.append(summary(per_rank, s))
+        if not ms:
+            continue
+        m = {k: statistics.mean(x[k] for x in ms) for k in ms[0]}
+        f = max(1.0, n / cores)
+        busy, gloo = m["main_cpu"] * f, m["threads_cpu"] * f
+        pbusy = r["compute_us"] + sum(r["host_us"].values())
+        pcomm = sum(r["communication_us"].values())
+        print(f"{s:<13} {n:>2} {m['wall'] / 1e3:7.2f} {r['predicted_us'] / 1e3:7.2f} {r['error_pct']:+6.1f} | "
+              f"{busy / 1e3:6.2f} {pbusy / 1e3:6.2f} {(pbusy - busy) / 1e3:+6.2f} | {(m['wall'] - busy) / 1e3:6.2f} "
+              f"{pcomm / 1e3:6.2f} {(pcomm - m['wall'] + busy) / 1e3:+6.2f} | {gloo / 1e3:6.2f} "
+              f"{m['main_wait'] / 1e3:6.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--procs", default="2,4")
@@ -61,8 +98,15 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--from-run", type=Path, nargs="+", metavar="OUT",
+                   help="measure nothing: split the rows of these run.py outputs (their timing files)")
+    p.add_argument("--cores", type=int, default=os.cpu_count(), help="the cores the runs shared (--from-run)")
     args = p.parse_args()
     cores = os.cpu_count()
+    if args.from_run:
+        for out in args.from_run:
+            from_run(out, args.cores)
+        return
     strategies = args.strategies.split(",")
     print(f"load average {os.getloadavg()[0]:.2f} on {cores} CPUs; ms per step (median over steps of the mean over "
           f"ranks); util = all ranks' CPU / (cores x wall)")
