@@ -279,6 +279,12 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
                                  f"its times / {f:.3f} before scaling out")
                 if src.startswith("fitted on the trace"):  # the collectives were measured as slowly
                     per_rep[i] = Transfer(transfer.alpha / f, transfer.beta / f)
+    if kind == "ps" and not c0.asynchronous:
+        for g in reps:
+            k = deflate_lockstep(g, cluster_points[0], len(reps), gaps=False)
+            if k > 1.0:
+                res.notes.append(f"the profile's {len(reps)} workers computed in lockstep on "
+                                 f"{cluster_points[0].host_cores} cores: its computation / {k:.3f} before scaling out")
     for fn, params in whatifs:
         for g in reps:
             fn(g, **params)
@@ -339,11 +345,13 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     op's host gap is not CPU (MXNet: the engine thread's waits between ops, see
     :func:`_ps_point`).
 
-    ``lockstep`` (synchronous all-reduce): the ranks compute in the same phases (the
-    collectives end on every rank at once, and all start the next forward then), so the
-    waits on the network are every rank's at the same moment and lend no core: a
-    computation op (its own time and host gap) takes at least :func:`lockstep_factor`
-    times as long; the CPU bound above then only slows it further."""
+    ``lockstep`` (synchronous all-reduce, synchronous PS): the workers compute in the same
+    phases (the collectives end on every rank at once, a dist_sync step's pulls end on every
+    worker at once, and all start the next forward then), so the waits on the network are
+    every worker's at the same moment and lend no core: a worker's computation op (its own
+    time, and its host gap where ``gaps``) takes at least :func:`lockstep_factor` times as
+    long; the CPU bound above then only slows it further. The servers' ops are not in the
+    workers' phase (they run between a push and its pull): only the CPU bound slows them."""
     n, cores = c.workers, c.host_cores
     if not cores or (n <= cores and c.comm_cpu is None and not worker_cpu and not host_cpu):
         return point(g.copy())
@@ -361,21 +369,28 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
         need = max(need, math.ceil(n / cores) * cpu)
 
     k = lockstep_factor(n, cores, c.pinned) if lockstep else 1.0
+    servers = any(_is_server(op) for op in computing)
 
     def at(f: float) -> Point:
+        # f: the CPU's sharing of every computation op; a worker's ops at least k (lockstep)
         h = g.copy()
         compute_speed(h, factor=1.0 / f)
-        if k > 1.0:
-            for op in h.select(_computing):
+        if k > f:
+            for op in h.select(lambda o: _computing(o) and not _is_server(o)):
+                op.dur *= k / f
+                op.gap *= k if gaps else 1.0
+        elif k > 1.0 and gaps:
+            for op in h.select(lambda o: _computing(o) and not _is_server(o)):
                 op.gap *= k
         for i, cpu_us in comm_cpu.items():
             h.ops[i].dur = max(h.ops[i].dur, cpu_us * f)
         return point(h)
 
-    first = at(k)
+    lo = 1.0 if servers else k  # without servers' ops nothing changes below k
+    first = at(lo)
     if first.iteration_us >= need:
         return first
-    lo, hi = k, max(k, n / cores)
+    hi = max(lo, k, n / cores)
     while at(hi).iteration_us < need and hi < 1e3:  # overlapping threads: beyond N/C
         lo, hi = hi, hi * 2
     for _ in range(20):
@@ -387,15 +402,16 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     return at(hi)
 
 
-def deflate_lockstep(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
+def deflate_lockstep(g: WhatIfGraph, c: Cluster, profiled: int, gaps: bool = True) -> float:
     """A profile of ``profiled`` synchronous ranks on ``c.host_cores`` cores ran every
     computation op :func:`lockstep_factor` times slower than alone: divides their own
-    times and host gaps by it and returns it (1: they fit)."""
+    times (and host gaps, where ``gaps``) by it and returns it (1: they fit). A PS
+    server's ops are not a worker's: left as they are."""
     k = lockstep_factor(profiled, c.host_cores, c.pinned)
     if k > 1.0:
-        for op in g.select(_computing):
+        for op in g.select(lambda o: _computing(o) and not _is_server(o)):
             op.dur /= k
-            op.gap /= k
+            op.gap /= k if gaps else 1.0
     return k
 
 
@@ -500,8 +516,9 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     # MXNet runs the ops on its engine threads, asynchronously from the Python front end: the
     # gap before an op there is a wait (for the front end, for a dependency, for the
     # process's ps-lite threads, which ps_cpu counts), not computation
+    # the workers of a dist_sync step start their forward together when the pulls end
     return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers), worker_cpu=wcpu,
-                           host_cpu=sum(scpu), gaps=False)
+                           host_cpu=sum(scpu), gaps=False, lockstep=True)
 
 
 def ps_cpu_demand(pieces: list[_Piece], workers: int, servers: int, cost: PsCpu | None) -> tuple[float, list[float]]:
