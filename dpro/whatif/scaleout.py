@@ -28,6 +28,7 @@ import heapq
 import logging
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -606,7 +607,8 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     k = exposed / raw if raw > 0 else 0.0
     samples = _step_factors(job)
     thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
-                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores)
+                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores,
+                         pinned=c.pinned)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
     bd = {"compute": comp_us, "exposed_COMM_alone": exposed}
     port = async_port_bound(c.workers, per_server, msgs, t)
@@ -655,9 +657,21 @@ def _step_factors(job: Job) -> list[float]:
     return [x / m for x in d] if m > 0 else [1.0]
 
 
+def _cpu_rates(computing: dict[int, float], cores: float | None, pinned: bool) -> dict[int, float]:
+    """Each computing worker's share of a core: processor sharing of ``cores`` among them,
+    or, ``pinned``, of its own core ``w % cores`` among the workers computing on it."""
+    if not cores or not computing:
+        return dict.fromkeys(computing, 1.0)
+    if not pinned:
+        return dict.fromkeys(computing, min(1.0, cores / len(computing)))
+    c = max(1, int(cores))
+    on = Counter(w % c for w in computing)
+    return {w: 1.0 / on[w % c] for w in computing}
+
+
 def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
                    t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0, *,
-                   cores: float | None = None) -> float:
+                   cores: float | None = None, pinned: bool = False) -> float:
     """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
     compute (a sample of ``compute_us``) -> push its gradients to every server (``server_bytes``,
     ``server_msgs`` messages) -> the server updates (``update_alpha*msgs + update_beta*bytes``,
@@ -672,7 +686,10 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
       rate among the flows moving (:func:`~dpro.whatif.fairshare.max_min_rates`, solved
       again whenever a flow starts or ends);
     * with ``cores``, the workers computing at the moment share that many cores: each
-      computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time)."""
+      computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time);
+      ``pinned`` (worker ``w`` bound to core ``w % cores``), at ``1 / computing on its
+      core``: a worker waiting on the network lends its core only to the workers pinned
+      to the same one."""
     rng = random.Random(seed)
     bw = 1.0 / t.beta if t.beta > 0 else 1e30
     ns = len(server_bytes)
@@ -697,8 +714,8 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
         # a flow (server, direction, worker) crosses the server's port and the worker's link
         ids = list(flows)
         rate = dict(zip(ids, max_min_rates([(("port", f[0], f[1]), ("link", f[2], f[1])) for f in ids], caps)))
-        cpu = min(1.0, cores / len(computing)) if cores and computing else 1.0
-        dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu for c in computing.values()]
+        cpu = _cpu_rates(computing, cores, pinned)
+        dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu[w] for w, c in computing.items()]
                  + ([timers[0][0] - now] if timers else []), default=float("inf"))
         if dt == float("inf"):
             break
@@ -711,7 +728,7 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
                 ended.append(f)
         finished = []
         for w in computing:
-            computing[w] -= cpu * dt
+            computing[w] -= cpu[w] * dt
             if computing[w] <= 1e-9:
                 finished.append(w)
         for f in ended:
