@@ -199,6 +199,18 @@ def test_async_simulation_shared_cores():
     # the server's port: 100 µs) and pull (100 µs): 400 µs per pair of steps
     assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000, cores=1) == pytest.approx(2e6 / 400)
 
+
+def test_async_simulation_pinned_workers_share_their_own_core():
+    """Three workers of 100 µs of computation (no communication) on 2 cores. Free: each at
+    2/3 of a core, all three steps end at 150 and 300 µs: 6 steps / 300 µs. Pinned (core
+    w % 2): workers 0 and 2 share core 0 (a step each 200 µs), worker 1 has core 1 (100 µs):
+    steps end at 100 (1), 200 (4), 300 (5): 5 steps / 300 µs."""
+    t = Transfer(0.0, 1.0)
+    assert simulate_async(3, [100.0], [0], [0], t, 0, 0, 5, cores=2) == pytest.approx(6e6 / 300)
+    assert simulate_async(3, [100.0], [0], [0], t, 0, 0, 5, cores=2, pinned=True) == pytest.approx(5e6 / 300)
+    # one computing worker per core: the same as free
+    assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000, cores=2, pinned=True) == pytest.approx(2e6 / 300)
+
 def test_units():
     assert parse_bandwidth("8Mbit") == pytest.approx(1.0)
     assert parse_bandwidth("1GB/s") == pytest.approx(1000.0)

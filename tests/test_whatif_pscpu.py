@@ -62,6 +62,44 @@ def test_ps_cpu_shares_the_host_cores(n, pinned, host, expected):
     assert p.iteration_us == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.parametrize("n, pinned, host, expected", [
+    (2, True, 0.0, 230.0),     # 2 pinned workers on 2 cores: no turn-taking, 10 + 100 + 50 + 20 + 50
+    (4, True, 0.0, 330.0),     # 2 per core take turns: fw 2*100, its gap 10 (a wait) kept, update 20
+    (3, False, 0.0, 280.0),    # free: 3/2 -> fw 150
+    (4, True, 240.0, 330.0),   # need max((4*100 + 240 + 20)/2, 2*100) = 330 = T(1) (fw at 2x, the update at 1x)
+    (4, True, 280.0, 350.0),   # need (400 + 280 + 20)/2 = 350: the update slows by f = 1.5 (30 µs), fw stays 2x
+    (4, True, 800.0, 610.0),   # need (400 + 800 + 20)/2 = 610 -> beyond the lockstep: 10 + 100f + 100 + 20f, f = 4.167
+])
+def test_sync_ps_workers_compute_in_lockstep(n, pinned, host, expected):
+    """A dist_sync step's workers start their forward together when the pulls end: on 2
+    cores N pinned workers take turns on the busiest core, fw (100 µs own time, 10 µs gap:
+    MXNet's gap is a wait, not CPU, ``gaps=False``) takes ``lockstep_factor`` = ceil(N/2) times
+    as long (free: N/2); the server's update is not in the workers' phase: only the CPU
+    bound (``need``) slows it, by f, and the workers' ops by max(k, f)."""
+    g = _ps_graph()
+    g.ops[next(o.id for o in g.ops.values() if o.name == "fw")].gap = 10.0
+    p = _oversubscribed(g, Cluster(n, host_cores=2, pinned=pinned), lambda h: _simulate_point(h, n, 1),
+                        host_cpu=host, gaps=False, lockstep=True)
+    assert p.iteration_us == pytest.approx(expected, rel=1e-4)
+
+
+def test_ps_point_is_lockstep_and_a_lockstep_ps_profile_is_deflated():
+    """_ps_point passes lockstep; a profile of 3 pinned workers on 2 cores (fw 200 µs, gap
+    20) is deflated by ceil(3/2) = 2 to fw 100, its gap (a wait) kept, the push untouched."""
+    from dpro.whatif.scaleout import deflate_lockstep
+
+    g = _ps_graph()
+    fw = next(o for o in g.ops.values() if o.name == "fw")
+    push = next(o for o in g.ops.values() if o.name == "push")
+    fw.dur, fw.gap = 200.0, 20.0
+    assert deflate_lockstep(g, Cluster(3, host_cores=2, pinned=True), 3, gaps=False) == 2.0
+    assert (fw.dur, fw.gap, push.dur) == (100.0, 20.0, 50.0)
+    assert deflate_lockstep(g, Cluster(2, host_cores=2, pinned=True), 2, gaps=False) == 1.0
+    assert fw.dur == 100.0
+    src = Path(REPO / "dpro" / "whatif" / "scaleout.py").read_text()
+    assert "gaps=False, lockstep=True)" in src.split("def _ps_point", 1)[1].split("\ndef ", 1)[0]
+
+
 def test_async_cpu_bound_hand_computed():
     """4 workers, 2 cores, 40 µs of own CPU and 20 µs of the servers' per worker step:
     4*60/2 = 120 µs; pinned 2 per core: max(120, 2*40) = 120; 3 pinned: max(90, 80) = 90,

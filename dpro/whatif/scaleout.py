@@ -28,6 +28,7 @@ import heapq
 import logging
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -279,6 +280,12 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
                                  f"its times / {f:.3f} before scaling out")
                 if src.startswith("fitted on the trace"):  # the collectives were measured as slowly
                     per_rep[i] = Transfer(transfer.alpha / f, transfer.beta / f)
+    if kind == "ps" and not c0.asynchronous:
+        for g in reps:
+            k = deflate_lockstep(g, cluster_points[0], len(reps), gaps=False)
+            if k > 1.0:
+                res.notes.append(f"the profile's {len(reps)} workers computed in lockstep on "
+                                 f"{cluster_points[0].host_cores} cores: its computation / {k:.3f} before scaling out")
     for fn, params in whatifs:
         for g in reps:
             fn(g, **params)
@@ -339,11 +346,13 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     op's host gap is not CPU (MXNet: the engine thread's waits between ops, see
     :func:`_ps_point`).
 
-    ``lockstep`` (synchronous all-reduce): the ranks compute in the same phases (the
-    collectives end on every rank at once, and all start the next forward then), so the
-    waits on the network are every rank's at the same moment and lend no core: a
-    computation op (its own time and host gap) takes at least :func:`lockstep_factor`
-    times as long; the CPU bound above then only slows it further."""
+    ``lockstep`` (synchronous all-reduce, synchronous PS): the workers compute in the same
+    phases (the collectives end on every rank at once, a dist_sync step's pulls end on every
+    worker at once, and all start the next forward then), so the waits on the network are
+    every worker's at the same moment and lend no core: a worker's computation op (its own
+    time, and its host gap where ``gaps``) takes at least :func:`lockstep_factor` times as
+    long; the CPU bound above then only slows it further. The servers' ops are not in the
+    workers' phase (they run between a push and its pull): only the CPU bound slows them."""
     n, cores = c.workers, c.host_cores
     if not cores or (n <= cores and c.comm_cpu is None and not worker_cpu and not host_cpu):
         return point(g.copy())
@@ -361,21 +370,28 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
         need = max(need, math.ceil(n / cores) * cpu)
 
     k = lockstep_factor(n, cores, c.pinned) if lockstep else 1.0
+    servers = any(_is_server(op) for op in computing)
 
     def at(f: float) -> Point:
+        # f: the CPU's sharing of every computation op; a worker's ops at least k (lockstep)
         h = g.copy()
         compute_speed(h, factor=1.0 / f)
-        if k > 1.0:
-            for op in h.select(_computing):
+        if k > f:
+            for op in h.select(lambda o: _computing(o) and not _is_server(o)):
+                op.dur *= k / f
+                op.gap *= k if gaps else 1.0
+        elif k > 1.0 and gaps:
+            for op in h.select(lambda o: _computing(o) and not _is_server(o)):
                 op.gap *= k
         for i, cpu_us in comm_cpu.items():
             h.ops[i].dur = max(h.ops[i].dur, cpu_us * f)
         return point(h)
 
-    first = at(k)
+    lo = 1.0 if servers else k  # without servers' ops nothing changes below k
+    first = at(lo)
     if first.iteration_us >= need:
         return first
-    lo, hi = k, max(k, n / cores)
+    hi = max(lo, k, n / cores)
     while at(hi).iteration_us < need and hi < 1e3:  # overlapping threads: beyond N/C
         lo, hi = hi, hi * 2
     for _ in range(20):
@@ -387,15 +403,16 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     return at(hi)
 
 
-def deflate_lockstep(g: WhatIfGraph, c: Cluster, profiled: int) -> float:
+def deflate_lockstep(g: WhatIfGraph, c: Cluster, profiled: int, gaps: bool = True) -> float:
     """A profile of ``profiled`` synchronous ranks on ``c.host_cores`` cores ran every
     computation op :func:`lockstep_factor` times slower than alone: divides their own
-    times and host gaps by it and returns it (1: they fit)."""
+    times (and host gaps, where ``gaps``) by it and returns it (1: they fit). A PS
+    server's ops are not a worker's: left as they are."""
     k = lockstep_factor(profiled, c.host_cores, c.pinned)
     if k > 1.0:
-        for op in g.select(_computing):
+        for op in g.select(lambda o: _computing(o) and not _is_server(o)):
             op.dur /= k
-            op.gap /= k
+            op.gap /= k if gaps else 1.0
     return k
 
 
@@ -500,8 +517,9 @@ def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     # MXNet runs the ops on its engine threads, asynchronously from the Python front end: the
     # gap before an op there is a wait (for the front end, for a dependency, for the
     # process's ps-lite threads, which ps_cpu counts), not computation
+    # the workers of a dist_sync step start their forward together when the pulls end
     return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, servers), worker_cpu=wcpu,
-                           host_cpu=sum(scpu), gaps=False)
+                           host_cpu=sum(scpu), gaps=False, lockstep=True)
 
 
 def ps_cpu_demand(pieces: list[_Piece], workers: int, servers: int, cost: PsCpu | None) -> tuple[float, list[float]]:
@@ -589,7 +607,8 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     k = exposed / raw if raw > 0 else 0.0
     samples = _step_factors(job)
     thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
-                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores)
+                         Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores,
+                         pinned=c.pinned)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
     bd = {"compute": comp_us, "exposed_COMM_alone": exposed}
     port = async_port_bound(c.workers, per_server, msgs, t)
@@ -638,9 +657,21 @@ def _step_factors(job: Job) -> list[float]:
     return [x / m for x in d] if m > 0 else [1.0]
 
 
+def _cpu_rates(computing: dict[int, float], cores: float | None, pinned: bool) -> dict[int, float]:
+    """Each computing worker's share of a core: processor sharing of ``cores`` among them,
+    or, ``pinned``, of its own core ``w % cores`` among the workers computing on it."""
+    if not cores or not computing:
+        return dict.fromkeys(computing, 1.0)
+    if not pinned:
+        return dict.fromkeys(computing, min(1.0, cores / len(computing)))
+    c = max(1, int(cores))
+    on = Counter(w % c for w in computing)
+    return {w: 1.0 / on[w % c] for w in computing}
+
+
 def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
                    t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0, *,
-                   cores: float | None = None) -> float:
+                   cores: float | None = None, pinned: bool = False) -> float:
     """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
     compute (a sample of ``compute_us``) -> push its gradients to every server (``server_bytes``,
     ``server_msgs`` messages) -> the server updates (``update_alpha*msgs + update_beta*bytes``,
@@ -655,7 +686,10 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
       rate among the flows moving (:func:`~dpro.whatif.fairshare.max_min_rates`, solved
       again whenever a flow starts or ends);
     * with ``cores``, the workers computing at the moment share that many cores: each
-      computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time)."""
+      computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time);
+      ``pinned`` (worker ``w`` bound to core ``w % cores``), at ``1 / computing on its
+      core``: a worker waiting on the network lends its core only to the workers pinned
+      to the same one."""
     rng = random.Random(seed)
     bw = 1.0 / t.beta if t.beta > 0 else 1e30
     ns = len(server_bytes)
@@ -680,8 +714,8 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
         # a flow (server, direction, worker) crosses the server's port and the worker's link
         ids = list(flows)
         rate = dict(zip(ids, max_min_rates([(("port", f[0], f[1]), ("link", f[2], f[1])) for f in ids], caps)))
-        cpu = min(1.0, cores / len(computing)) if cores and computing else 1.0
-        dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu for c in computing.values()]
+        cpu = _cpu_rates(computing, cores, pinned)
+        dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu[w] for w, c in computing.items()]
                  + ([timers[0][0] - now] if timers else []), default=float("inf"))
         if dt == float("inf"):
             break
@@ -694,7 +728,7 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
                 ended.append(f)
         finished = []
         for w in computing:
-            computing[w] -= cpu * dt
+            computing[w] -= cpu[w] * dt
             if computing[w] <= 1e-9:
                 finished.append(w)
         for f in ended:
