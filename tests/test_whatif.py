@@ -211,6 +211,7 @@ def test_async_simulation_pinned_workers_share_their_own_core():
     # one computing worker per core: the same as free
     assert simulate_async(2, [100.0], [50], [1], t, 0, 0, 1000, cores=2, pinned=True) == pytest.approx(2e6 / 300)
 
+
 def test_units():
     assert parse_bandwidth("8Mbit") == pytest.approx(1.0)
     assert parse_bandwidth("1GB/s") == pytest.approx(1000.0)
