@@ -376,13 +376,10 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
         # f: the CPU's sharing of every computation op; a worker's ops at least k (lockstep)
         h = g.copy()
         compute_speed(h, factor=1.0 / f)
-        if k > f:
+        if k > 1.0:
             for op in h.select(lambda o: _computing(o) and not _is_server(o)):
-                op.dur *= k / f
+                op.dur *= max(1.0, k / f)
                 op.gap *= k if gaps else 1.0
-        elif k > 1.0 and gaps:
-            for op in h.select(lambda o: _computing(o) and not _is_server(o)):
-                op.gap *= k
         for i, cpu_us in comm_cpu.items():
             h.ops[i].dur = max(h.ops[i].dur, cpu_us * f)
         return point(h)
