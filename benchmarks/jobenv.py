@@ -85,3 +85,13 @@ DDP = SETTINGS["threads1"]
 def default_for(path: str) -> JobSettings:
     """The harnesses' setting for a job of ``path`` (``ddp``, ``hvd``, ``tf``, ``mx``, ...)."""
     return DDP if path == "ddp" else DEFAULT
+
+
+def parse_variants(text: str) -> dict[str, dict[str, str]]:
+    """Named environment variants of a job, as the harnesses' ``--variants`` give them:
+    ``'lean=,full=A=1+B=1'`` -> {"lean": {}, "full": {"A": "1", "B": "1"}}."""
+    out: dict[str, dict[str, str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, env = part.partition("=")
+        out[name] = dict(kv.split("=", 1) for kv in env.split("+") if kv)
+    return out

@@ -303,15 +303,6 @@ def print_row(row: dict) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def parse_variants(text: str) -> dict[str, dict[str, str]]:
-    """``'lean=,full=A=1+B=1'`` -> {"lean": {}, "full": {"A": "1", "B": "1"}}."""
-    out: dict[str, dict[str, str]] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, env = part.partition("=")
-        out[name] = dict(kv.split("=", 1) for kv in env.split("+") if kv)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated: ddp,hvd,tf,mx")
@@ -342,7 +333,7 @@ def main() -> None:
         nets.remove("cap")
     jobs = [Job(p, models[p], int(w), n) for p in a.paths.split(",") if p
             for w in a.workers.split(",") for n in nets]
-    variants = parse_variants(a.variants)
+    variants = jobenv.parse_variants(a.variants)
     log = print if a.verbose else (lambda _s: None)
     ports = fid.PortAllocator(29700)
     rows = []

@@ -137,15 +137,6 @@ def one(m: str, w: int, s: int, cap: float | None, truth: int, profiled: int, tm
     return rows
 
 
-def parse_variants(text: str) -> dict[str, dict[str, str]]:
-    """``'bulked=,unbulked=A=1+B=1'`` -> {"bulked": {}, "unbulked": {"A": "1", "B": "1"}}."""
-    out: dict[str, dict[str, str]] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        vname, _, env = part.partition("=")
-        out[vname] = dict(kv.split("=", 1) for kv in env.split("+") if kv)
-    return out
-
-
 def _pct(x: float | None) -> str:
     return "   n/a" if x is None else f"{x:+5.1f}%"
 
@@ -169,7 +160,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     want = set(a.jobs.split(",")) if a.jobs else None
-    variants = parse_variants(a.variants)
+    variants = jobenv.parse_variants(a.variants)
     rows = []
     with work_dir(a.keep, "dpro-psfid-") as tmp:
         for m, w, s, cap in JOBS:
