@@ -236,13 +236,19 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
     b = GraphBuilder()
     idx: dict[tuple[str, str], int] = {}
     ends: dict[tuple[str, str], int] = {}  # op whose end stands for the local op's end (OUT for expanded)
-    # (the ops not expanded appended to the builder's lists directly: GraphBuilder.add_op's
-    # call per op was ~10 % of the replay of param_dlrm_8rank)
-    names, durs, gaps, cats, devs, prios = b.names, b.dur, b.gap, b.cat, b.device, b.prio
     for name, nt in gt.nodes.items():
         st = stats[name]
         non_comm = {op.device for op in nt.ops.values() if op.cat != "COMM"}
         dev_of: dict[str, int] = {}  # op.device -> builder device, added on first use as before
+        # the ops not expanded, added in one GraphBuilder.add_ops call per node (flushed before an
+        # expanded op's IN/OUT so that indices stay in order)
+        names: list[str] = []
+        durs: list[float] = []
+        gaps: list[float] = []
+        cats: list[int] = []
+        devs: list[int] = []
+        prios: list[float] = []
+        base = b.n
         for op in nt.ops.values():
             s = st[op.id]
             d = dev_of.get(op.device)
@@ -251,20 +257,23 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
                                                      is_comm=op.device not in non_comm)
             key = (name, op.id)
             if op.txn in expand:
+                b.add_ops(names, durs, gaps, cats, devs, prios)
+                names, durs, gaps, cats, devs, prios = [], [], [], [], [], []
                 i_in = b.add_op(f"{name}/{op.id}:IN", dur=0.0, gap=s.gap, cat="COMM", device=d, prio=s.offset)
                 i_out = b.add_op(f"{name}/{op.id}:OUT", dur=0.0, cat="COMM", device=d, prio=s.offset)
                 idx[key], ends[key] = i_in, i_out
+                base = b.n
             else:
                 # A consumer (RECV, PUSH_RES, PULL_RES) whose producer is in the trace waits for it
                 # through a cross-node edge; its local gap would count that wait a second time.
-                gap = 0.0 if key in paired_consumers else s.gap
-                idx[key] = ends[key] = len(names)  # b.add_op(f"{name}/{op.id}", dur=s.dur, gap=gap, ...)
+                idx[key] = ends[key] = base + len(names)
                 names.append(f"{name}/{op.id}")
-                durs.append(s.dur + gap)
-                gaps.append(gap)
+                durs.append(s.dur)
+                gaps.append(0.0 if key in paired_consumers else s.gap)
                 cats.append(CAT_CODE[op.cat])
                 devs.append(d)
                 prios.append(s.offset)
+        b.add_ops(names, durs, gaps, cats, devs, prios)
         b.src.extend([ends[(name, u)] for u, _ in nt.edges])
         b.dst.extend([idx[(name, v)] for _, v in nt.edges])
 
