@@ -20,6 +20,27 @@ T0 = 1_000_000.0
 MAIN = 7
 
 
+# --------------------------------------------------------------------------- replayed times
+def test_replayed_times_split_names_by_worker():
+    """One pass over the graph's op names gives each worker its ops, from the replay's
+    start; where worker names hold "/" the longest worker name that prefixes an op wins."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dpro.replayer.memory import _replayed_times
+
+    def rr(names, start, end):
+        return SimpleNamespace(graph=SimpleNamespace(names=names),
+                               schedule=SimpleNamespace(start=np.array(start, float), end=np.array(end, float)))
+
+    plain = rr(["w0/a", "w1/a", "w1/x/b", "virtual"], [5, 7, 9, 11], [6, 8, 10, 12])
+    assert _replayed_times({"w0", "w1"}, plain) == {"w0": {"a": (0.0, 1.0)}, "w1": {"a": (2.0, 3.0), "x/b": (4.0, 5.0)}}
+    slashed = rr(["h/0/a", "h/0/x/b", "h/0/x/c", "other/d"], [1, 2, 3, 4], [2, 3, 4, 5])
+    assert _replayed_times({"h/0", "h/0/x"}, slashed) == {"h/0": {"a": (0.0, 1.0)},
+                                                         "h/0/x": {"b": (1.0, 2.0), "c": (2.0, 3.0)}}
+
+
 # --------------------------------------------------------------------------- timeline
 def test_live_timeline_by_hand():
     ops = [

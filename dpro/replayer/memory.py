@@ -159,27 +159,34 @@ def _measured_times(nt: NodeTrace, steps: list[int]) -> dict[str, tuple[float, f
     return {op: (a[0] / a[2], a[1] / a[2]) for op, a in acc.items()}
 
 
-def _replayed_times(name: str, rr: "ReplayResult") -> dict[str, tuple[float, float]]:
-    g, s = rr.graph, rr.schedule
-    prefix = name + "/"
-    t0 = float(s.start.min()) if len(s.start) else 0.0
-    out = {}
-    for i, n in enumerate(g.names):
-        if n.startswith(prefix):
-            out[n[len(prefix):]] = (float(s.start[i]) - t0, float(s.end[i]) - t0)
-    return out
+def _owner(name: str, workers: dict[str, dict]) -> tuple[str, str] | None:
+    """(worker, op) of a graph op's name "<worker>/<op>", the longest worker name first
+    (worker names and op ids may both hold "/"); None for an op of no worker."""
+    k = len(name)
+    while (k := name.rfind("/", 0, k)) > 0:
+        if name[:k] in workers:
+            return name[:k], name[k + 1:]
+    return None
 
 
-def _replayed_times_all(workers: set[str], rr: "ReplayResult") -> dict[str, dict[str, tuple[float, float]]]:
-    """:func:`_replayed_times` of each of ``workers`` (names without "/"), in one pass over
-    the graph's names (one per worker took ~5 ms each on param_dlrm_8rank's 11k ops)."""
+def _replayed_times(workers: set[str], rr: "ReplayResult") -> dict[str, dict[str, tuple[float, float]]]:
+    """Each of ``workers``' ops at their replayed (start, end), µs from the replay's start,
+    in one pass over the graph's names (one pass per worker took ~5 ms each on
+    param_dlrm_8rank's 11k ops)."""
     g, s = rr.graph, rr.schedule
     t0 = float(s.start.min()) if len(s.start) else 0.0
     out: dict[str, dict[str, tuple[float, float]]] = {w: {} for w in workers}
+    slashed = any("/" in w for w in workers)
     for n, a, b in zip(g.names, s.start.tolist(), s.end.tolist()):
         w, sep, rest = n.partition("/")
-        if sep and (d := out.get(w)) is not None:
-            d[rest] = (float(a) - t0, float(b) - t0)
+        if slashed:
+            owner = _owner(n, out)
+            if owner is None:
+                continue
+            w, rest = owner
+        elif not sep or w not in out:
+            continue
+        out[w][rest] = (float(a) - t0, float(b) - t0)
     return out
 
 
@@ -244,14 +251,10 @@ def peak_memory(gt: GTrace, replay_result: "ReplayResult | None" = None) -> dict
     """
     out: dict[str, MemoryEstimate] = {}
     workers = list(gt.workers())
-    every = None  # all workers' replayed times in one pass over the graph (node names without "/")
-    if replay_result is not None and not any("/" in nt.info.name for nt in workers):
-        every = _replayed_times_all({nt.info.name for nt in workers}, replay_result)
+    every = _replayed_times({nt.info.name for nt in workers}, replay_result) if replay_result is not None else None
     for nt in workers:
         if every is not None:
             times = every[nt.info.name]
-        elif replay_result is not None:
-            times = _replayed_times(nt.info.name, replay_result)
         else:
             mem = nt.meta.get(META_KEY) if isinstance(nt.meta, dict) else None
             steps = [s for s in (mem or {}).get("steps", []) if s in nt.steps] or sorted(nt.steps)
