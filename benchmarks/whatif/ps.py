@@ -14,7 +14,10 @@ compute thread per process, workers pinned to core ``index % cores``), so predic
 ``--pinned``. First, ``dpro calibrate --backend ps-lite`` measures ps-lite's CPU per message
 on this machine (1 worker + 1 server, never the validation jobs; under ``--cap-mbit`` in
 the same capped namespaces) and every prediction gets ``--host-cores CORES --cpu-cost``
-with it (``--no-cpu-cost``: without; each row also keeps the prediction without it).
+with it (``--no-cpu-cost``: without; each row also keeps the prediction without it). Under
+``--cap-mbit`` the calibration also measures the server ports' efficiency with N
+asynchronous senders (calibrate_ps.measure_port: its own key set, no computation), and the
+predictions get the file as ``--platform`` too: the link and ports measured behind the cap.
 
     .venv-mx/bin/python benchmarks/whatif/ps.py [--model mlp] [--workers 2,3,4] [--servers 1,2] [--kvstores dist_sync,dist_async]
 """
@@ -54,18 +57,29 @@ def _steps(timing: Path, skip: int) -> list[float]:
 
 def calibrate(pj, o: argparse.Namespace, env: dict[str, str], path: Path) -> dict:
     """ps-lite's CPU per message (dpro.whatif.calibrate_ps), on loopback or, capped, with the
-    server and the worker in namespaces 0 and 1 behind the same cap as the jobs."""
+    server and the worker in namespaces 0 and 1 behind the same cap as the jobs; capped, also
+    the server ports' efficiency with N asynchronous senders (its own key set, no
+    computation; N of --workers above 1, S of --servers), against this calibration's link."""
     from dpro.jsonio import write_json
-    from dpro.whatif.calibrate_ps import calibrate_ps
+    from dpro.whatif.calibrate_ps import calibrate_ps, measure_port, port_efficiency
 
     py = str(pj.MX / "python")
     if o.cap_mbit is None:
         d = calibrate_ps(py, env=env)
     else:
         nn = _load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
-        place = _load("ps_netns", pj.PS_NETNS).placer(1)
+        placer = _load("ps_netns", pj.PS_NETNS).placer
+        place = placer(1)
         with nn.NetnsCluster(2, o.cap_mbit):
             d = calibrate_ps(py, env=env, place=lambda role: place(role, 0), root_uri=nn.BRIDGE_ADDR)
+        rows = []
+        for s in [int(x) for x in o.servers.split(",")]:
+            for w in [int(x) for x in o.workers.split(",") if int(x) > 1]:
+                with nn.NetnsCluster(w + s, o.cap_mbit):
+                    r = measure_port(py, w, s, place=placer(s), root_uri=nn.BRIDGE_ADDR, env=env)
+                r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
+                rows.append(r)
+        d["ps"]["port_efficiency"] = rows
     d["network"] = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, d)
@@ -94,7 +108,10 @@ def main() -> None:
         ps = calibrate(pj, o, {**env, **js.env()}, plat)["ps"]
         print(f"# ps-lite calibration ({time.monotonic() - t0:.0f} s): CPU per message worker "
               f"{ps['worker_cpu_alpha_us']:.0f} us + {ps['worker_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B, server "
-              f"{ps['server_cpu_alpha_us']:.0f} us + {ps['server_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B", flush=True)
+              f"{ps['server_cpu_alpha_us']:.0f} us + {ps['server_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B; link "
+              f"{ps['alpha_us']:.0f} us + {ps['beta_us_per_byte'] * 1e3:.3f} ns/B; port efficiency "
+              + ", ".join(f"{r['workers']}w{r['servers']}s {r['efficiency']:.3f}" for r in ps.get("port_efficiency", [])),
+              flush=True)
     rows = []
     for kv in o.kvstores.split(","):
         d = o.out / kv
@@ -110,6 +127,8 @@ def main() -> None:
                 args.append("--async")
             if js.pin:  # the workers are bound to core index % cores
                 args.append("--pinned")
+            if o.cap_mbit is not None and not o.no_cpu_cost:  # the link and ports measured behind the same cap
+                args += ["--platform", str(plat)]
             plain = json.loads(pj.run([*dpro, *args], env=env).stdout)
             pred = plain if o.no_cpu_cost else json.loads(pj.run([*dpro, *args, "--cpu-cost", str(plat)], env=env).stdout)
             for pt, pt0 in zip(pred["scaling"], plain["scaling"]):
