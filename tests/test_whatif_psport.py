@@ -134,3 +134,18 @@ def test_calibrate_bad_port_workers_is_one_line(tmp_path):
                                  str(tmp_path / "p.json")])
     assert r.exit_code != 0 and "--port-workers" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_ps_key_sizes_of_the_golden_recording(tmp_path):
+    """The golden PS recording (the mlp, 2 workers): one worker's step pushes each
+    parameter once, in the recorded key order (biases first: key 0 is dense0_bias); float32
+    784x1024 = 3211264 B, 1024x1024 = 4194304 B, 1024x512 = 2097152 B, 512x10 = 20480 B."""
+    from click.testing import CliRunner
+
+    import dpro
+    from dpro.cli import cli
+    from dpro.whatif.scaleout import ps_key_sizes
+
+    r = CliRunner().invoke(cli, ["collect", str(REC), "-o", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    assert ps_key_sizes(dpro.open(tmp_path / "t")) == [4096, 3211264, 4096, 4194304, 2048, 2097152, 40, 20480]

@@ -15,9 +15,10 @@ compute thread per process, workers pinned to core ``index % cores``), so predic
 on this machine (1 worker + 1 server, never the validation jobs; under ``--cap-mbit`` in
 the same capped namespaces) and every prediction gets ``--host-cores CORES --cpu-cost``
 with it (``--no-cpu-cost``: without; each row also keeps the prediction without it). Under
-``--cap-mbit`` the calibration also measures the server ports' efficiency with N
-asynchronous senders (calibrate_ps.measure_port: its own key set, no computation), and the
-predictions get the file as ``--platform`` too: the link and ports measured behind the cap.
+``--cap-mbit``, once the first profile exists, the calibration also measures the server
+ports' efficiency with N asynchronous senders (calibrate_ps.measure_port: no computation,
+keys of the profile's sizes), and the predictions get the file as ``--platform`` too: the
+link and ports measured behind the cap.
 
     .venv-mx/bin/python benchmarks/whatif/ps.py [--model mlp] [--workers 2,3,4] [--servers 1,2] [--kvstores dist_sync,dist_async]
 """
@@ -57,33 +58,52 @@ def _steps(timing: Path, skip: int) -> list[float]:
 
 def calibrate(pj, o: argparse.Namespace, env: dict[str, str], path: Path) -> dict:
     """ps-lite's CPU per message (dpro.whatif.calibrate_ps), on loopback or, capped, with the
-    server and the worker in namespaces 0 and 1 behind the same cap as the jobs; capped, also
-    the server ports' efficiency with N asynchronous senders (its own key set, no
-    computation; N of --workers above 1, S of --servers), against this calibration's link."""
+    server and the worker in namespaces 0 and 1 behind the same cap as the jobs."""
     from dpro.jsonio import write_json
-    from dpro.whatif.calibrate_ps import calibrate_ps, measure_port, port_efficiency
+    from dpro.whatif.calibrate_ps import calibrate_ps
 
     py = str(pj.MX / "python")
     if o.cap_mbit is None:
         d = calibrate_ps(py, env=env)
     else:
         nn = _load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
-        placer = _load("ps_netns", pj.PS_NETNS).placer
-        place = placer(1)
+        place = _load("ps_netns", pj.PS_NETNS).placer(1)
         with nn.NetnsCluster(2, o.cap_mbit):
             d = calibrate_ps(py, env=env, place=lambda role: place(role, 0), root_uri=nn.BRIDGE_ADDR)
-        rows = []
-        for s in [int(x) for x in o.servers.split(",")]:
-            for w in [int(x) for x in o.workers.split(",") if int(x) > 1]:
-                with nn.NetnsCluster(w + s, o.cap_mbit):
-                    r = measure_port(py, w, s, place=placer(s), root_uri=nn.BRIDGE_ADDR, env=env)
-                r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
-                rows.append(r)
-        d["ps"]["port_efficiency"] = rows
     d["network"] = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, d)
     return d
+
+
+def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, trace: Path) -> None:
+    """Capped: the server ports' efficiency with N asynchronous senders (N of --workers above
+    1, S of --servers) behind the same cap, no computation, each worker pushing and pulling
+    keys of the profile's sizes (its message mix; dpro.whatif.calibrate_ps.measure_port),
+    against the calibration's link; added to the platform file."""
+    import dpro
+    from dpro.jsonio import write_json
+    from dpro.whatif.calibrate_ps import measure_port, port_efficiency
+    from dpro.whatif.scaleout import ps_key_sizes
+
+    d = json.loads(path.read_text())
+    sizes = ps_key_sizes(dpro.open(trace))
+    nn = _load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
+    placer = _load("ps_netns", pj.PS_NETNS).placer
+    rows = []
+    for s in [int(x) for x in o.servers.split(",")]:
+        for w in [int(x) for x in o.workers.split(",") if int(x) > 1]:
+            with nn.NetnsCluster(w + s, o.cap_mbit):
+                r = measure_port(str(pj.MX / "python"), w, s, place=placer(s), root_uri=nn.BRIDGE_ADDR, env=env,
+                                 sizes=sizes)
+            r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
+            rows.append(r)
+    d["ps"]["port_efficiency"] = rows
+    d["ps"]["port_sizes"] = sizes
+    write_json(path, d)
+    print("# port efficiency (the profile's keys, no computation): "
+          + ", ".join(f"{r['workers']}w{r['servers']}s {r['round_us'] / 1e3:.0f} ms {r['efficiency']:.3f}" for r in rows),
+          flush=True)
 
 
 def main() -> None:
@@ -109,9 +129,7 @@ def main() -> None:
         print(f"# ps-lite calibration ({time.monotonic() - t0:.0f} s): CPU per message worker "
               f"{ps['worker_cpu_alpha_us']:.0f} us + {ps['worker_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B, server "
               f"{ps['server_cpu_alpha_us']:.0f} us + {ps['server_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B; link "
-              f"{ps['alpha_us']:.0f} us + {ps['beta_us_per_byte'] * 1e3:.3f} ns/B; port efficiency "
-              + ", ".join(f"{r['workers']}w{r['servers']}s {r['efficiency']:.3f}" for r in ps.get("port_efficiency", [])),
-              flush=True)
+              f"{ps['alpha_us']:.0f} us + {ps['beta_us_per_byte'] * 1e3:.3f} ns/B", flush=True)
     rows = []
     for kv in o.kvstores.split(","):
         d = o.out / kv
@@ -120,6 +138,8 @@ def main() -> None:
             pj.run([*dpro, "profile", "-o", str(trace), "--warmup", str(pj.WARMUP), "--steps", str(pj.STEPS), "--",
                     *js.apply(pj.job_cmd(o.model, 1, 1, d / "timing_prof", pj.WARMUP + pj.STEPS + 2, o.cap_mbit)),
                     "--kvstore", kv], env=env)
+        if o.cap_mbit is not None and not o.no_cpu_cost and "port_efficiency" not in json.loads(plat.read_text())["ps"]:
+            calibrate_ports(pj, o, {**env, **js.env()}, plat, trace)
         for s in [int(x) for x in o.servers.split(",")]:
             args = ["whatif", str(trace), "--workers", o.workers, "--servers", str(s), "--json",
                     "--host-cores", str(os.cpu_count())]

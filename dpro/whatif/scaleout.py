@@ -477,6 +477,18 @@ def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_
     return out, bound
 
 
+def ps_key_sizes(job: Job) -> list[int]:
+    """The bytes a worker step pushes of each key, in the order of the job's keys (its
+    recorded key map, else the gradients' names): the message mix of the job, for the port
+    calibration (:func:`dpro.whatif.calibrate_ps.measure_port`)."""
+    w = next((nt for nt in job.trace.nodes.values() if nt.info.role == "worker"), None)
+    keymap = w.meta.get("keys") if w is not None and isinstance(w.meta.get("keys"), dict) else {}
+    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    pieces, _ = _ps_pieces(job, _workers(job)[0], 1)  # the representative worker's step
+    order = sorted(pieces, key=lambda n: (key_of.get(n, len(key_of)), n))
+    return [sum(p.bytes for p in pieces[n]) for n in order]
+
+
 def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     """Synchronous PS: the worker's pushes and pulls re-costed and re-placed, one step."""
     from dpro.optimizer.ps.costs import fit_update
