@@ -76,6 +76,16 @@ def calibrate(pj, o: argparse.Namespace, env: dict[str, str], path: Path) -> dic
     return d
 
 
+def link_only(plat: Path) -> Path:
+    """A copy of the platform file without the CPU costs (``--platform`` would lend them to
+    the prediction without ``--cpu-cost``): the link and the ports."""
+    d = json.loads(plat.read_text())
+    d["ps"] = {k: v for k, v in d["ps"].items() if "_cpu_" not in k}
+    out = plat.with_name(plat.stem + "_link.json")
+    out.write_text(json.dumps(d))
+    return out
+
+
 def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, trace: Path) -> None:
     """Capped: the server ports' efficiency with N asynchronous senders (N of --workers above
     1, S of --servers) behind the same cap, no computation, each worker pushing and pulling
@@ -152,10 +162,12 @@ def main() -> None:
                 args.append("--async")
             if js.pin:  # the workers are bound to core index % cores
                 args.append("--pinned")
+            link = []
             if o.cap_mbit is not None and not o.no_cpu_cost:  # the link and ports measured behind the same cap
-                args += ["--platform", str(plat)]
-            plain = json.loads(pj.run([*dpro, *args], env=env).stdout)
-            pred = plain if o.no_cpu_cost else json.loads(pj.run([*dpro, *args, "--cpu-cost", str(plat)], env=env).stdout)
+                link = ["--platform", str(link_only(plat))]  # its CPU costs only with --cpu-cost
+            plain = json.loads(pj.run([*dpro, *args, *link], env=env).stdout)
+            pred = plain if o.no_cpu_cost else json.loads(pj.run([*dpro, *args, *link, "--cpu-cost", str(plat)],
+                                                                 env=env).stdout)
             for pt, pt0 in zip(pred["scaling"], plain["scaling"]):
                 w = pt["workers"]
                 steps, loads, per_run = [], [], []
