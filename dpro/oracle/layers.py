@@ -313,7 +313,7 @@ def affine_profile(profiles: list[ModelProfile]) -> ModelProfile:
         layers.append(replace(lay, fw_us=fb, fw_call_us=fa, bw_us=bb, bw_call_us=ba,
                               wu_us=mean(x.wu_us for _, x in per)))
     batches = [m.batch for m in profiles]
-    notes = [n for m in profiles for n in m.notes if n not in base.notes] + base.notes
+    notes = base.notes + [f"{m.source}: {n}" for m in profiles[1:] for n in m.notes]
     notes.append(f"affine rule: each layer's time per call fitted as a + b x batch on {len(profiles)} profiles at "
                  f"{', '.join(map(str, batches))} samples per device ({', '.join(m.source for m in profiles)})")
     if clamped:
