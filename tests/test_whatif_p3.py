@@ -67,16 +67,22 @@ def test_period_overlaps_the_next_forward_with_the_last_pulls():
 
 
 @pytest.fixture(scope="module")
-def ps_job(tmp_path_factory):
+def ps_trace(tmp_path_factory) -> Path:
     from click.testing import CliRunner
 
-    import dpro
     from dpro.cli import cli
 
     out = tmp_path_factory.mktemp("p3") / "gtrace"
     r = CliRunner().invoke(cli, ["collect", str(REC), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    return dpro.open(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ps_job(ps_trace):
+    import dpro
+
+    return dpro.open(ps_trace)
 
 
 def test_p3_on_a_ps_profile_goes_through_the_ps_model(ps_job):
@@ -103,3 +109,20 @@ def test_p3_on_ps_bad_parameters_are_one_line(ps_job):
         predict(ps_job, [Cluster(2, asynchronous=True)], whatifs=[(p3, {"slice_bytes": 1 << 20})])
     with pytest.raises(DproInputError, match="slice_bytes"):
         predict(ps_job, [Cluster(2)], whatifs=[(p3, {"slice_bytes": 0})])
+
+
+def test_p3_on_ps_from_the_command_line(ps_trace):
+    import json
+
+    from click.testing import CliRunner
+
+    from dpro.cli import cli
+
+    r = CliRunner().invoke(cli, ["whatif", str(ps_trace), "--workers", "2", "--apply", "p3:slice_bytes=65536",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["predicted_iteration_us"] == out["breakdown_us"]["p3_period"] > 0
+    assert any(n.startswith("P3:") for n in out["notes"])
+    r = CliRunner().invoke(cli, ["whatif", str(ps_trace), "--workers", "2", "--async", "--apply", "p3"])
+    assert r.exit_code == 2 and "synchronous steps only" in r.output and "Traceback" not in r.output
