@@ -54,3 +54,6 @@ def test_slice_bytes_needs_p3():
     r = subprocess.run([str(MX / "python"), "examples/mxnet/train_ps.py", "--slice-bytes", "1024"], cwd=REPO,
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and "--slice-bytes needs --p3" in r.stderr
+    r = subprocess.run([str(MX / "python"), "examples/mxnet/train_ps.py", "--p3", "--slice-bytes", "2"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "must be >= 4" in r.stderr

@@ -100,8 +100,6 @@ class P3:
     range of the flattened parameter. ``step()`` replaces ``trainer.step`` + ``waitall``."""
 
     def __init__(self, params: list, kv, batch: int, slice_bytes: int) -> None:
-        if slice_bytes < 4:
-            raise SystemExit(f"--slice-bytes {slice_bytes}: must be >= 4")
         self.params, self.kv = params, kv
         # the optimizer gluon's Trainer sends to the servers (update_on_kvstore), per slice key
         kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, rescale_grad=1.0 / batch))
@@ -147,6 +145,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.slice_bytes is not None and not a.p3:
         ap.error("--slice-bytes needs --p3")
+    if a.slice_bytes is not None and a.slice_bytes < 4:
+        ap.error(f"--slice-bytes {a.slice_bytes}: must be >= 4 (one float32)")
     if a.dpro_strategy:
         from dpro.apply import mxnet_env
 
