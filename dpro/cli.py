@@ -519,10 +519,14 @@ def align_cmd(
 @click.option("--micro", default=None, type=int, help="Pipeline micro-batches (default: 4 x stages, at most the batch).")
 @click.option("--no-contention", is_flag=True, help="No contention penalty between the concurrent groups of hybrids.")
 @click.option("--simulate", is_flag=True, help="Also replay each feasible strategy's DFG with dpro's replayer.")
+@click.option("--profile-at", "profile_at", multiple=True, type=click.Path(path_type=Path), metavar="PATH2",
+              help="A profile of the same model at another per-device batch (repeatable): each layer's time is "
+                   "then fitted as a + b x batch instead of taken proportional to the batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @_rank_opt
 def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, batch: int | None, micro: int | None,
-           no_contention: bool, simulate: bool, as_json: bool, rank_pattern: str) -> None:
+           no_contention: bool, simulate: bool, as_json: bool, rank_pattern: str,
+           profile_at: tuple[Path, ...] = ()) -> None:
     """Which parallelism strategy, on how many devices, and why (docs/oracle.md).
 
     \b
@@ -548,8 +552,9 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
         raise DproInputError(None, f"--micro {micro}: must be >= 1")
     mem = parse_size(memory, "--memory") if memory is not None else None
     job = open_job(path, rank_pattern=rank_pattern)
+    others = [open_job(q, rank_pattern=rank_pattern) for q in profile_at]
     res = run_oracle(job, counts, batch=batch, memory_budget=mem, platform=platform, micro=micro,
-                     contention=not no_contention, simulate=simulate)
+                     contention=not no_contention, simulate=simulate, profile_at=others)
     if as_json:
         print_json(res.to_json())
         return

@@ -54,6 +54,8 @@ def main() -> None:
     rows = res["rows"]
     procs = sorted({r["devices"] for r in rows})
     job = dpro.open(args.out / "trace")
+    # run.py's profiles at the other batches (the affine rule, issue #29), as the run used them
+    at = [dpro.open(t) for t in sorted(args.out.glob("trace_b*")) if t.is_dir() and t.name.count("_") == 1]
     full = read_platform(args.out / args.platform)
     cal = full.calibration
     plain_links = {n: {k: dataclasses.replace(c, burst=0.0, beta_burst=0.0) for k, c in d.items()}
@@ -78,7 +80,7 @@ def main() -> None:
             d.pop("oracle", None)  # α, β only: the flat all-reduce cost (and its shared link)
         tmp.write_text(json.dumps(d))
         r = run_oracle(job, procs, batch=res.get("batch", 32), platform=str(tmp), simulate=True,
-                       contention=not name.endswith("no contention"))
+                       contention=not name.endswith("no contention"), profile_at=at)
         if name == "+ host":
             full_res = r
         preds[name] = {(x.strategy, x.devices): (x.iteration_us, r.simulated.get((x.strategy, x.devices), float("nan")))

@@ -5,7 +5,10 @@ every parallel strategy of examples/parallel/ at 2 and 4 processes over gloo.
    halo exchange; the host copies and autograd.Functions of examples/parallel/), fits it
    (dpro/oracle/calibration.py) into a platform file with an ``oracle`` section
    (``cores``: this host's CPUs, so that 4 processes on 2 cores share them);
-2. profiles data parallelism on 2 processes with dpro's recorder (the oracle's input);
+2. profiles data parallelism on 2 processes with dpro's recorder (the oracle's input), at
+   two global batches (``--profile-batches``, default ``--batch`` and half of it: 16 and 8
+   samples per device), so that the oracle fits each layer's time as a + b·batch (issue
+   #29; the first profile alone, today's proportional rule, is printed after the main table);
 3. runs ``run_oracle`` on it for every strategy and device count (its grids: pipeline
    micro-batches and stages, the hybrids' groups are passed to the launcher as it advises);
 4. runs every feasible strategy unprofiled (``--steps``, the first ``--skip`` dropped):
@@ -153,31 +156,38 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
             "peak_bytes": max(peaks) if peaks else None}
 
 
-def median_profile(out: Path, batch: int, k: int) -> Path:
-    """Profile data parallelism on 2 processes ``k`` times (the oracle's input) and keep, as
-    ``out/trace``, the profile whose per-iteration layer compute (the oracle's reading,
-    recorder overhead taken out) is the median: one profile catches the VM's slow or fast
-    spells (12:01 and 12:19 UTC: 15.1 and 7.6 ms of layer compute for the same job)."""
+def median_profiles(out: Path, batches: list[int], k: int) -> list[Path]:
+    """Profile data parallelism on 2 processes ``k`` times at each global batch of
+    ``batches`` (the oracle's input; launches interleaved over the batches) and keep, per
+    batch, as ``out/trace`` (the first batch) and ``out/trace_b<B>`` (the others), the
+    profile whose per-iteration layer compute (the oracle's reading, recorder overhead taken
+    out) is the median: one profile catches the VM's slow or fast spells (12:01 and 12:19
+    UTC: 15.1 and 7.6 ms of layer compute for the same job). Two batches or more: the oracle
+    fits each layer's time as a + b·batch (``--profile-at``, issue #29)."""
     import shutil
 
     import dpro
     from dpro.oracle.layers import model_profile
 
-    got = []
+    got: dict[int, list[tuple[float, Path]]] = {b: [] for b in batches}
     for i in range(k):
-        t = out / f"trace_{i}"
-        subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(t), "--",
-                        *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(batch))],
-                       cwd=REPO, check=True, capture_output=True, env=job_env())
-        m = model_profile(dpro.open(t))
-        got.append((sum((x.fw_us + x.bw_us) * m.batch + x.fw_call_us + x.bw_call_us for x in m.layers), t))
-    got.sort()
-    print("# profiles' layer compute (ms): " + ", ".join(f"{c / 1e3:.2f}" for c, _ in got) + "; the median kept",
-          file=sys.stderr, flush=True)
-    trace = out / "trace"
-    shutil.rmtree(trace, ignore_errors=True)
-    got[len(got) // 2][1].rename(trace)
-    return trace
+        for b in (batches if i % 2 == 0 else batches[::-1]):
+            t = out / f"trace_b{b}_{i}"
+            subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(t),
+                            "--", *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(b))],
+                           cwd=REPO, check=True, capture_output=True, env=job_env())
+            m = model_profile(dpro.open(t))
+            got[b].append((sum((x.fw_us + x.bw_us) * m.batch + x.fw_call_us + x.bw_call_us for x in m.layers), t))
+    kept = []
+    for j, b in enumerate(batches):
+        got[b].sort()
+        print(f"# profiles' layer compute at batch {b} on 2 processes (ms): "
+              + ", ".join(f"{c / 1e3:.2f}" for c, _ in got[b]) + "; the median kept", file=sys.stderr, flush=True)
+        trace = out / ("trace" if j == 0 else f"trace_b{b}")
+        shutil.rmtree(trace, ignore_errors=True)
+        got[b][len(got[b]) // 2][1].rename(trace)
+        kept.append(trace)
+    return kept
 
 
 def main() -> None:
@@ -190,6 +200,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="launches per device count (order alternated)")
     p.add_argument("--profiles", type=int, default=3,
                    help="profiles of data parallelism (the oracle's input); the median by layer compute is used")
+    p.add_argument("--profile-batches", default=None,
+                   help="global batches of the profiles on 2 processes (default: --batch and --batch / 2): with two "
+                        "or more the oracle fits each layer's time as a + b x batch (issue #29); one keeps the "
+                        "proportional rule")
     p.add_argument("--profile-each", action="store_true", help="also profile every strategy: breakdown and memory")
     p.add_argument("--cap-mbit", type=float, default=None,
                    help="run every rank in its own network namespace with a tbf cap (Mbit/s per direction; root)")
@@ -229,10 +243,15 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
     calibs = [float(x) for x in args.calib_compute_us.split(",")]
     plats = {c: platform_file(args.out, procs, c, args.calib_idle_us) for c in calibs}
     plat = plats[calibs[0]]
-    trace = median_profile(args.out, args.batch, args.profiles)
-    res = run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plat), simulate=True)
-    alts = {c: run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plats[c]), simulate=True)
-            for c in calibs[1:]}  # the same profile under the other calibrations
+    pbatches = [int(x) for x in args.profile_batches.split(",")] if args.profile_batches else \
+        [args.batch, args.batch // 2]
+    trace, *others = median_profiles(args.out, pbatches, args.profiles)
+    at = [dpro.open(t) for t in others]
+    res = run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plat), simulate=True, profile_at=at)
+    alts = {c: run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plats[c]), simulate=True,
+                          profile_at=at) for c in calibs[1:]}  # the same profiles under the other calibrations
+    # the first profile alone (today's proportional rule), for the rows that moved
+    prop = run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plat), simulate=True) if at else None
     rows = []
     for n in procs:
         preds = {x.strategy: x for x in res.predictions if x.devices == n and x.feasible}
@@ -257,6 +276,12 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
                          "sim_error_pct": 100 * (sim - m) / m if sim == sim else None,
                          "compute_us": x.compute_us, "communication_us": x.communication_us, "host_us": x.host_us,
                          "memory_bytes": x.memory_bytes, "grid": x.grid, "profiled": seen, "alt": {}})
+            if prop is not None:
+                y = next(q for q in prop.predictions if q.strategy == s and q.devices == n)
+                ys = prop.simulated.get((s, n), math.nan)
+                rows[-1]["proportional"] = {"predicted_us": y.iteration_us, "error_pct": 100 * (y.iteration_us - m) / m,
+                                            "simulated_us": ys, "sim_error_pct": 100 * (ys - m) / m,
+                                            "compute_us": y.compute_us, "host_us": y.host_us}
             for c, other in alts.items():
                 y = next(q for q in other.predictions if q.strategy == s and q.devices == n)
                 ys = other.simulated.get((s, n), math.nan)
@@ -296,7 +321,21 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
               f"{r['error_pct']:+6.1f} {sim:>14}  {incomm:>7} | {sum(r['communication_us'].values()) / 1e3:6.2f}  "
               f"{r['compute_us'] / 1e3:7.2f} {sum(r['host_us'].values()) / 1e3:5.2f}  {comm}")
     print(f"mean |error|: analytical {mean_err:.1f} %, simulated {statistics.mean(sims) if sims else float('nan'):.1f} %"
-          f" (calibrated after {calibs[0]:g} µs of compute)")
+          f" (calibrated after {calibs[0]:g} µs of compute; batch rule {res.model.rule}, profiles at "
+          f"{', '.join(map(str, res.model.batches))} samples per device)")
+    if prop is not None:
+        print(f"\nthe same, the first profile alone (proportional rule, {prop.model.batch} samples per device)")
+        print(f"{'strategy':<13} {'p':>2} {'measured ms':>11} {'oracle ms':>9} {'err %':>6} {'sim ms':>7} {'err %':>6}"
+              f"  {'compute':>7} | affine: {'compute':>7} {'err %':>6}")
+        for r in rows:
+            a = r["proportional"]
+            print(f"{r['strategy']:<13} {r['devices']:>2} {r['measured_us'] / 1e3:11.2f} {a['predicted_us'] / 1e3:9.2f} "
+                  f"{a['error_pct']:+6.1f} {a['simulated_us'] / 1e3:7.2f} {a['sim_error_pct']:+6.1f}  "
+                  f"{a['compute_us'] / 1e3:7.2f} |         {r['compute_us'] / 1e3:7.2f} {r['error_pct']:+6.1f}")
+        errs = [abs(r["proportional"]["error_pct"]) for r in rows]
+        serrs = [abs(r["proportional"]["sim_error_pct"]) for r in rows
+                 if r["proportional"]["sim_error_pct"] == r["proportional"]["sim_error_pct"]]
+        print(f"mean |error|: analytical {statistics.mean(errs):.1f} %, simulated {statistics.mean(serrs):.1f} %")
     for c, other in alts.items():
         print(f"\nthe same, calibrated after {c:g} µs of compute: platform α {other.platform.alpha_us:.1f} µs, "
               f"β {other.platform.beta_us_per_byte * 1e3:.3f} ns/B")
@@ -313,6 +352,8 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
         print(f"mean |error|: analytical {statistics.mean(errs):.1f} %, simulated {statistics.mean(serrs):.1f} %")
     (args.out / "result.json").write_text(json.dumps({"rows": rows, "load": [load0, load1], "cap_mbit": args.cap_mbit,
                                                       "job_setting": SETTING.name,
+                                                      "batch_rule": res.model.rule,
+                                                      "profiled_batches_per_device": res.model.batches,
                                                       "boosted": boosted_,
                                                       "platform": res.platform.to_json()}, indent=1))
     print(f"wrote {args.out / 'result.json'}")

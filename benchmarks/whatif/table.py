@@ -5,7 +5,8 @@
 One table per file; the last line of each gives the median and the largest |error| and
 how many cases are within 5 % and 10 %. Rows of ps.py with ``predicted_without_cpu_cost_us``
 (predictions with ps-lite's CPU cost) get a column and a summary line for the prediction
-without it.
+without it. Rows of p3.py with ``measured_speedup`` get a line with the measured and
+predicted speed-up.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def table(rows: list[dict]) -> str:
                    f"{'' if rep is None else f'{rep:.1f}'} | {r.get('foreign_cpu_pct') or 0:.0f} |")
     out.append("")
     out.append(_summary([abs(r["error_pct"]) for r in rows]))
+    for r in rows:  # p3.py: the speed-up over the plain job of the same rounds
+        if "measured_speedup" in r:
+            out.append(f"\n{r['variant']}: speed-up measured x{r['measured_speedup']:.3f}, "
+                       f"predicted x{r['predicted_speedup']:.3f}")
     return "\n".join(out)
 
 

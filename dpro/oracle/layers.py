@@ -16,13 +16,20 @@ With dpro's recorder's overhead measured (the steps after the window), every tim
 scaled by it, as ``dpro replay`` predicts the unprofiled job. Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
 ``(rest)``, run by every rank on its whole batch. OTHER ops (step markers, zero_grad...)
 are a fixed ``overhead_us`` per iteration.
+
+From one profile a layer's op time is taken **proportional** to the per-device batch (only
+the host gaps are per call). From profiles at two or more per-device batches
+(:func:`affine_profile`) each layer's forward and backward time per call is fitted as
+**affine**, a + b·batch (least squares): b is its time per sample, a its fixed time per
+call (host gaps and the ops' own fixed cost, which does not shrink with the batch;
+benchmarks/oracle/batch_scaling.py measures it on the reference CNN, docs/oracle.md).
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import mean
 from typing import TYPE_CHECKING
 
@@ -38,6 +45,8 @@ LAYER_SHAPES = "layer_shapes"
 WEIGHTED, CHANNELWISE, OTHER = "weighted", "channelwise", "other"
 _WEIGHTED_OPS = ("conv", "linear", "addmm", "matmul")
 _CHANNELWISE_OPS = ("relu", "pool", "batch_norm", "gelu", "sigmoid", "tanh", "dropout", "silu", "leaky_relu")
+#: how a layer's op time follows the per-device batch (ModelProfile.rule)
+PROPORTIONAL, AFFINE = "proportional", "affine"
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "bfloat16": 2, "float16": 2}
 NEEDS = ("the oracle needs per-layer annotations and shapes: record with dpro's recorder "
          "(dpro.Recorder(model), which annotates each module) under `dpro profile --shapes --memory`")
@@ -87,6 +96,10 @@ class ModelProfile:
     overhead_us: float = 0.0
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    #: PROPORTIONAL (one profile) or AFFINE (fitted on the profiles at ``batches``)
+    rule: str = PROPORTIONAL
+    #: the per-device batches of the profiles the times come from
+    batches: list[int] = field(default_factory=list)
 
     @property
     def weighted(self) -> list[Layer]:
@@ -238,4 +251,72 @@ def model_profile(job: Job) -> ModelProfile:
     if rest.fw_us or rest.bw_us or rest.fw_call_us or rest.bw_call_us:
         layers.append(rest)
     return ModelProfile(layers=layers, batch=batch, overhead_us=mean(overhead) if overhead else 0.0,
-                        source=str(where), notes=notes)
+                        source=str(where), notes=notes, batches=[batch])
+
+
+#: the fields two profiles of one model must agree on (shapes and kinds, not times)
+_SHAPE = ("kind", "x_bytes", "y_bytes", "w_bytes", "channels", "filters", "height", "width", "kernel", "dtype_bytes")
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float, bool]:
+    """(a, b, clamped) of the least-squares t = a + b·n over ``points`` (n, t); a negative
+    slope (noise on a batch-independent time) gives b = 0, a = mean t; a negative
+    intercept gives the proportional fit through 0 (a = 0)."""
+    n0 = mean(n for n, _ in points)
+    t0 = mean(t for _, t in points)
+    var = sum((n - n0) ** 2 for n, _ in points)
+    b = sum((n - n0) * (t - t0) for n, t in points) / var
+    a = t0 - b * n0
+    if b < 0:
+        return t0, 0.0, True
+    if a < 0:
+        return 0.0, sum(n * t for n, t in points) / sum(n * n for n, _ in points), True
+    return a, b, False
+
+
+def affine_profile(profiles: list[ModelProfile]) -> ModelProfile:
+    """One model from profiles of it at different per-device batches: each layer's forward
+    and backward time per call fitted as a + b·batch (``fw_us``/``bw_us`` = b per sample,
+    ``fw_call_us``/``bw_call_us`` = a per call); the weight update and the per-iteration
+    overhead (independent of the batch) averaged; shapes, the profiled batch and the
+    source from the first profile.
+
+    Raises DproInputError when fewer than two distinct batches are given or when the
+    profiles are not of one model (other layers or shapes).
+    """
+    base = profiles[0]
+    if len(profiles) < 2:
+        return base
+    if len({m.batch for m in profiles}) < 2:
+        raise DproInputError(profiles[1].source, f"profiled at the same per-device batch ({profiles[1].batch}) as "
+                             f"{base.source}: the affine rule needs profiles at two different batches")
+    ref = {x.name: x for x in base.layers if x.name != "(rest)"}
+    for m in profiles[1:]:
+        got = {x.name: x for x in m.layers if x.name != "(rest)"}
+        if list(got) != list(ref):
+            diff = sorted(set(got) ^ set(ref)) or ["the layer order"]
+            raise DproInputError(m.source, f"not the model of {base.source}: its layers differ ({', '.join(diff[:3])})")
+        for n, x in got.items():
+            bad = next((f for f in _SHAPE if getattr(x, f) != getattr(ref[n], f)), None)
+            if bad:
+                raise DproInputError(m.source, f"not the model of {base.source}: layer {n} has {bad} "
+                                     f"{getattr(x, bad)}, not {getattr(ref[n], bad)}")
+    by = [{x.name: x for x in m.layers} for m in profiles]
+    zero = Layer("(rest)", OTHER, 0.0, 0.0)
+    layers, clamped = [], []
+    for lay in base.layers:
+        per = [(m.batch, d.get(lay.name, zero)) for m, d in zip(profiles, by)]
+        fa, fb, c1 = _fit([(n, x.fw_us * n + x.fw_call_us) for n, x in per])
+        ba, bb, c2 = _fit([(n, x.bw_us * n + x.bw_call_us) for n, x in per])
+        if c1 or c2:
+            clamped.append(lay.name)
+        layers.append(replace(lay, fw_us=fb, fw_call_us=fa, bw_us=bb, bw_call_us=ba,
+                              wu_us=mean(x.wu_us for _, x in per)))
+    batches = [m.batch for m in profiles]
+    notes = base.notes + [f"{m.source}: {n}" for m in profiles[1:] for n in m.notes]
+    notes.append(f"affine rule: each layer's time per call fitted as a + b x batch on {len(profiles)} profiles at "
+                 f"{', '.join(map(str, batches))} samples per device ({', '.join(m.source for m in profiles)})")
+    if clamped:
+        notes.append(f"affine fit clamped (a negative slope or intercept, i.e. noise) for: {', '.join(clamped)}")
+    return ModelProfile(layers=layers, batch=base.batch, overhead_us=mean(m.overhead_us for m in profiles),
+                        source=base.source, notes=notes, rule=AFFINE, batches=batches)

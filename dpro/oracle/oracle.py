@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from dpro.errors import DproInputError
 from dpro.oracle.formulas import STRATEGIES, Options, Prediction, predict
-from dpro.oracle.layers import ModelProfile, model_profile
+from dpro.oracle.layers import AFFINE, ModelProfile, affine_profile, model_profile
 from dpro.oracle.platform import Platform, platform_of
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ class OracleResult:
             "batch": self.batch, "devices": self.devices, "memory_budget_bytes": self.memory_budget,
             "platform": self.platform.to_json(),
             "model": {"profiled_batch_per_device": self.model.batch, "overhead_us": self.model.overhead_us,
+                      "batch_rule": self.model.rule, "profiled_batches_per_device": self.model.batches,
                       "layers": [{"name": x.name, "kind": x.kind, "fw_us_per_sample": x.fw_us, "bw_us_per_sample": x.bw_us,
                                   "fw_call_us": x.fw_call_us, "bw_call_us": x.bw_call_us, "wu_us": x.wu_us,
                                   "x_bytes": x.x_bytes, "y_bytes": x.y_bytes, "w_bytes": x.w_bytes,
@@ -115,25 +116,35 @@ def memory_reuse(job: Job, model: ModelProfile) -> tuple[float, str]:
 
 def run_oracle(job: Job, devices: list[int], *, batch: int | None = None, memory_budget: int | None = None,
                platform: str | None = None, strategies: tuple[str, ...] = STRATEGIES, micro: int | None = None,
-               gamma: float | None = None, contention: bool = True, simulate: bool = False) -> OracleResult:
+               gamma: float | None = None, contention: bool = True, simulate: bool = False,
+               profile_at: list[Job] | tuple[Job, ...] = ()) -> OracleResult:
     """Predict ``strategies`` on each of ``devices`` for the model profiled in ``job``.
 
     ``batch``: the global batch (default: the profiled per-device batch times the job's
     workers); ``platform``: a platform file (default: the link cost fitted from the trace);
     ``simulate``: also replay each feasible prediction's DFG (dpro/oracle/simulate.py);
-    ``gamma``: ParaDL's memory reuse factor (default: :func:`memory_reuse`).
+    ``gamma``: ParaDL's memory reuse factor (default: :func:`memory_reuse`);
+    ``profile_at``: profiles of the same model at other per-device batches: each layer's
+    time per call is then fitted as a + b·batch (:func:`affine_profile`), else it is
+    proportional to the batch (one profile).
     """
     where = job.path or "trace"
     bad = [p for p in devices if not isinstance(p, int) or p < 1]
     if bad or not devices:
         raise DproInputError(None, f"--devices: device counts must be integers >= 1 (got {bad[0] if bad else 'none'})")
     model = model_profile(job)
+    if profile_at:
+        model = affine_profile([model, *(model_profile(j) for j in profile_at)])
     if batch is None:
         batch = model.batch * max(1, len(job.trace.workers()))
     if batch < 1:
         raise DproInputError(where, f"--batch must be >= 1 (got {batch})")
     plat = platform_of(job, platform)
     notes = []
+    if model.rule != AFFINE:
+        notes.append(f"one profile ({model.batch} samples per device): a layer's op time is taken proportional to the "
+                     "per-device batch (host gaps per call); a profile at another batch (--profile-at) fits it as "
+                     "affine, a + b x batch")
     if gamma is None:
         gamma, how = memory_reuse(job, model)
         notes.append(how)

@@ -20,7 +20,9 @@ def print_oracle(res: OracleResult, path: Path) -> None:
     """Per device count: the strategies ranked, their breakdown, memory, limit, bottleneck;
     then the launcher settings of the best one."""
     p = res.platform
-    click.echo(f"{path}: {len(res.model.layers)} layers, profiled batch {res.model.batch} per device, "
+    rule = (f"profiled batch {res.model.batch} per device" if len(res.model.batches) < 2 else
+            f"profiled batches {', '.join(map(str, res.model.batches))} per device ({res.model.rule} rule)")
+    click.echo(f"{path}: {len(res.model.layers)} layers, {rule}, "
                f"global batch {res.batch}; link α {p.alpha_us:.1f} µs, β {p.beta_us_per_byte * 1e3:.4f} ns/B ({p.source})")
     for n in res.devices:
         click.echo(f"\n{n} devices      rank  iteration ms  compute ms  communication ms (by phase)          memory MiB  bottleneck / limit")

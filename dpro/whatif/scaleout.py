@@ -89,6 +89,9 @@ class Cluster:
     #: (workers, servers, efficiency) of the busiest server port with that many asynchronous
     #: senders (``dpro.whatif.calibrate_ps.measure_port``), for ``asynchronous``
     ps_port: tuple[tuple[int, int, float], ...] = ()
+    #: P3 on a parameter server (the ``p3`` what-if): slices of at most this many bytes,
+    #: sent first layer first, no barrier between steps (:mod:`dpro.whatif.p3_ps`)
+    p3_slice_bytes: int | None = None
 
 
 @dataclass
@@ -291,6 +294,8 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
             if k > 1.0:
                 res.notes.append(f"the profile's {len(reps)} workers computed in lockstep on "
                                  f"{cluster_points[0].host_cores} cores: its computation / {k:.3f} before scaling out")
+    if kind == "ps":
+        cluster_points, whatifs = _p3_on_ps(job, cluster_points, whatifs, res)
     for fn, params in whatifs:
         for g in reps:
             fn(g, **params)
@@ -489,8 +494,104 @@ def ps_key_sizes(job: Job) -> list[int]:
     return [sum(p.bytes for p in pieces[n]) for n in order]
 
 
+def _p3_on_ps(job: Job, points: list[Cluster], whatifs, res: ScaleOutResult) -> tuple[list[Cluster], list]:
+    """The ``p3`` what-if on a PS profile becomes the clusters' ``p3_slice_bytes`` (the PS
+    model re-costs every message, so P3 is modelled there: :mod:`dpro.whatif.p3_ps`)."""
+    from dpro.whatif.builtin import p3
+
+    rest, sizes = [], []
+    for fn, params in whatifs:
+        if fn is p3:
+            sizes.append(int(params.get("slice_bytes", 4 << 20)))
+        else:
+            rest.append((fn, params))
+    if not sizes:
+        return points, list(whatifs)
+    if any(c.asynchronous for c in points):
+        raise DproInputError(job.path, "p3 on a parameter server: synchronous steps only (not --async)")
+    if sizes[-1] < 1:
+        raise DproInputError(None, f"p3: slice_bytes {sizes[-1]}: must be >= 1")
+    res.notes.append(f"P3: every gradient in slices of at most {sizes[-1]} bytes sent first layer first after "
+                     "the backward, no barrier between steps: the steady-state period of chained iterations")
+    return [replace(c, p3_slice_bytes=sizes[-1]) for c in points], rest
+
+
+def _ps_p3_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+    """A synchronous PS worker's step under P3 with ``c.p3_slice_bytes`` (the period of
+    :func:`~dpro.whatif.p3_ps.period_us`); the messages, links, servers' updates and CPU
+    sharing as in :func:`_ps_point`."""
+    from dpro.optimizer.ps.costs import fit_update
+    from dpro.optimizer.ps.layout import base_name
+    from dpro.whatif.p3_ps import Iteration, mirror_forward, period_us, slices
+
+    servers = c.servers or _profiled_servers(job)
+    pieces, _ = _ps_pieces(job, g, servers)
+    ua, ub = fit_update(job.trace, list(job.steps))
+    node = next(iter(g.ops.values())).node
+    g.links = ps_links(node, servers, c.workers, t)
+    by_key: dict[str, list[Op]] = {}
+    for op in list(g.select(lambda o: o.attrs.get("sub_op") in ("PUSH_REQ", "PULL_RES"))):
+        by_key.setdefault(base_name(op.attrs.get("tensor") or op.name), []).append(op)
+    w = next(nt for nt in job.trace.nodes.values() if nt.info.role == "worker")
+    keymap = w.meta.get("keys") if isinstance(w.meta.get("keys"), dict) else {}
+    index = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    # layer order: the framework's key order (gluon: the parameters' order, first layer first)
+    order = sorted(by_key, key=lambda n: (index.get(n, len(index)), n))
+    producers: set[int] = set()
+    after: dict[str, set[int]] = {}
+    consumer: dict[str, int | None] = {}
+    for name in order:
+        ops = by_key[name]
+        ids = {o.id for o in ops}
+        before = {p for o in ops if o.attrs["sub_op"] == "PUSH_REQ" for p in g.pred[o.id]} - ids
+        after[name] = {s for o in ops if o.attrs["sub_op"] == "PULL_RES" for s in g.succ[o.id]} - ids
+        producers |= before
+        fw = {f.id for f in (mirror_forward(g, g.ops[p]) for p in before) if f is not None}
+        consumer[name] = next(iter(fw)) if len(fw) == 1 else None
+        for o in ops:
+            g.remove(o)
+    fwd = sorted((op for op in g.ops.values() if op.cat == "FW" and op.node == node), key=lambda o: o.prio)
+    if not fwd or not producers:
+        raise ValueError("p3: the worker's step has no forward or no gradient producer")
+    total = {name: sum(p.bytes for p in pieces.get(name, [])) for name in order}
+    cut = slices([(n, total[n]) for n in order], c.p3_slice_bytes, servers)
+    ready: dict[str, set[int]] = {n: set() for n in order}
+    heads: set[int] = set()
+    for s in cut:
+        # every slice handed over once the backward is done, first layer first: key = send order
+        up = _message(g, producers, f"{node}/push:{s.tensor}#{s.key}@s{s.server}", f"conn:{node}->s{s.server}",
+                      node, s.bytes, t, DEFAULT_WINDOW, float(s.key), heads,
+                      (("link", node, "out"), ("port", s.server, "in")))
+        upd = g.insert([up], Op(name=f"server{s.server}/update:{s.tensor}#{s.key}", cat="UPDATE",
+                                node=f"server{s.server}", device=f"server{s.server}/update", dur=ua + ub * s.bytes,
+                                prio=float(s.key)))
+        down = _message(g, [upd.id], f"{node}/pull:{s.tensor}#{s.key}@s{s.server}", f"conn:s{s.server}->{node}",
+                        f"server{s.server}", s.bytes, t, DEFAULT_WINDOW, float(s.key), heads,
+                        (("port", s.server, "out"), ("link", node, "in")))
+        for a in after[s.tensor]:
+            g.connect(down, a)
+        ready[s.tensor].add(down)
+    for name in order:  # its parameters are in place after the copies that follow its pulls
+        copies = {a for a in after[name] if g.ops[a].cat != "OTHER" or "copy" in g.ops[a].name}
+        if copies:
+            ready[name] = copies
+    # one slice at a time per connection, in send order (no head-first multiplexing: P3 sends by priority)
+    g.schedule(lambda op: op.prio)
+    it = Iteration(producers, {n: r for n, r in ready.items() if r}, consumer, fwd[0].id)
+    wcpu, scpu = ps_cpu_demand([_Piece(s.tensor, s.server, s.bytes) for s in cut], c.workers, servers, c.ps_cpu)
+
+    def point(h: WhatIfGraph) -> Point:
+        period, first = period_us(h, it)
+        return Point(c.workers, servers, period, 1e6 / period if period > 0 else 0.0,
+                     {"p3_period": period, "p3_first_backward_end": first, "p3_slices": float(len(cut))})
+
+    return _oversubscribed(g, c, point, worker_cpu=wcpu, host_cpu=sum(scpu), gaps=False, lockstep=True)
+
+
 def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     """Synchronous PS: the worker's pushes and pulls re-costed and re-placed, one step."""
+    if c.p3_slice_bytes:
+        return _ps_p3_point(job, g, c, t)
     from dpro.optimizer.ps.costs import fit_update
     from dpro.optimizer.ps.layout import base_name
 

@@ -10,6 +10,17 @@ each step itself (wall clock around the step function, which ends with ``mx.nd.w
 so a step is a whole iteration, communication included) and, with ``--timing-out DIR``,
 writes ``DIR/timing_rank<r>.json``: the median step time over the steps dpro profiled and
 over the steps after them (not profiled).
+
+``--p3 --slice-bytes N``: P3 (Jayarajan et al., MLSys'19) on stock MXNet, done by this
+script: every gradient is re-keyed into slices of at most N bytes (one kvstore key per
+slice, the server runs the same SGD on each), pushed with ``priority`` by layer order
+(the first layer's slices first) and pulled straight into the weights' slices (the
+kvstore copies each pulled slice into its part of the weight: engine ops, so the next
+forward's layer i waits only for its own slices). No ``waitall()`` between steps: the sync
+point of a step is the wait for its backward (every gradient ready, :func:`P3.step`), just
+before its slices are pushed, so a step's wall clock runs from one backward's end to the
+next in steady state: the step period, with the pulls overlapping the next forward.
+``--losses`` adds each step's mean loss to the timing file (read after the timed step).
 """
 
 from __future__ import annotations
@@ -22,12 +33,15 @@ import time
 from pathlib import Path
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 
 import dpro
 
 
 MODELS = ("mlp", "conv", "resnet", "lstm")
+#: the slice size of ``--p3`` without ``--slice-bytes`` (bytes)
+P3_SLICE_BYTES = 512 << 10
 VOCAB = 1000
 
 
@@ -78,6 +92,43 @@ def make_batch(model: str, batch: int, shape: tuple[int, ...]) -> tuple[mx.nd.ND
     return x, mx.nd.random.randint(0, 10, shape=(batch,)).astype("float32")
 
 
+class P3:
+    """P3's sliced, prioritised push/pull of every gradient, on stock MXNet's kvstore.
+
+    The slices are kvstore keys 0, 1, ... in layer order (the order of
+    ``net.collect_params()``: the first layer's parameters first); a slice is a contiguous
+    range of the flattened parameter. ``step()`` replaces ``trainer.step`` + ``waitall``."""
+
+    def __init__(self, params: list, kv, batch: int, slice_bytes: int) -> None:
+        self.params, self.kv = params, kv
+        # the optimizer gluon's Trainer sends to the servers (update_on_kvstore), per slice key
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, rescale_grad=1.0 / batch))
+        #: (key, priority, flat gradient slice, its copy that is pushed, flat weight slice)
+        self.slices: list[tuple[int, int, mx.nd.NDArray, mx.nd.NDArray, mx.nd.NDArray]] = []
+        for layer, p in enumerate(params):
+            w, g = p.data().reshape(-1), p.grad().reshape(-1)
+            per = max(1, slice_bytes // np.dtype(w.dtype).itemsize)
+            for a in range(0, w.size, per):
+                b = min(w.size, a + per)
+                self.slices.append((len(self.slices), -layer, g[a:b], mx.nd.zeros((b - a,), dtype=w.dtype), w[a:b]))
+        # every worker starts from the same weights (mx.random.seed(0)); rank 0's go to the servers
+        kv.init([s[0] for s in self.slices], [s[4] for s in self.slices])
+        mx.nd.waitall()
+
+    def step(self) -> None:
+        """Push every slice (first layers first), pull it into the weight. Waits for the
+        backward only (the step's sync point): pushes are handed to ps-lite in priority
+        order, which stock ps-lite then sends first-in first-out."""
+        for p in self.params:
+            p.grad().wait_to_read()
+        for key, prio, g, buf, w in self.slices:
+            # a copy of its own: the kvstore keeps the pushed array as the key's receive
+            # buffer, and views of one gradient share one engine variable (serialized pulls)
+            g.copyto(buf)
+            self.kv.push(key, buf, priority=prio)
+            self.kv.pull(key, out=w, priority=prio)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="mlp", choices=list(MODELS))
@@ -86,7 +137,16 @@ def main() -> None:
     ap.add_argument("--kvstore", default="dist_sync")
     ap.add_argument("--timing-out", default=None, help="write timing_rank<r>.json here")
     ap.add_argument("--dpro-strategy", default=None, help="a `dpro optimize -o` directory: use its mxnet.json")
+    ap.add_argument("--p3", action="store_true",
+                    help="P3: sliced gradients pushed first-layer-first, pulls overlapping the next forward")
+    ap.add_argument("--slice-bytes", type=int, default=None,
+                    help=f"--p3's slice size in bytes (default {P3_SLICE_BYTES})")
+    ap.add_argument("--losses", action="store_true", help="write each step's mean loss to the timing file")
     a = ap.parse_args()
+    if a.slice_bytes is not None and not a.p3:
+        ap.error("--slice-bytes needs --p3")
+    if a.slice_bytes is not None and a.slice_bytes < 4:
+        ap.error(f"--slice-bytes {a.slice_bytes}: must be >= 4 (one float32)")
     if a.dpro_strategy:
         from dpro.apply import mxnet_env
 
@@ -95,11 +155,20 @@ def main() -> None:
     mx.random.seed(0)
     net, shape = build(a.model)
     net.initialize(mx.init.Xavier())
-    net.hybridize()
+    # P3: no bulking of the forward's ops, so that a layer waits only for its own weights
+    net.hybridize(**({"forward_bulk_size": 1} if a.p3 else {}))
     kv = mx.kv.create(a.kvstore)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
+    if not a.p3:
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x, y = make_batch(a.model, a.batch, shape)
+    if a.p3:
+        with autograd.record():  # shapes known (deferred initialization done) before slicing
+            loss_fn(net(x), y).backward()
+        mx.nd.waitall()
+        p3 = P3([p for p in net.collect_params().values() if p.grad_req != "null"], kv, a.batch,
+                a.slice_bytes or P3_SLICE_BYTES)
+    losses: list[float] = []
 
     recorder = dpro.Recorder(net)                       # dpro line 1
 
@@ -108,8 +177,15 @@ def main() -> None:
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
-        trainer.step(a.batch)
-        mx.nd.waitall()
+        if a.p3:
+            p3.step()  # no waitall: the pulls overlap the next forward
+        else:
+            trainer.step(a.batch)
+            mx.nd.waitall()
+        if a.losses:
+            last[:] = [loss.mean()]
+
+    last: list = []
 
     window = recorder.window
     total = a.steps or window.stop + 10
@@ -118,12 +194,20 @@ def main() -> None:
         t0 = time.perf_counter()
         step()
         times.append((time.perf_counter() - t0) * 1e6)
+        if a.losses:
+            losses.append(float(last[0].asscalar()))
+    mx.nd.waitall()
     prof = [times[i] for i in window if i < len(times)]
     after = times[window.stop:]
     timing = {"rank": kv.rank, "num_workers": kv.num_workers, "model": a.model, "steps": len(times),
               "profiled_steps": list(window), "step_us": times,
               "median_profiled_us": statistics.median(prof) if prof else None,
               "median_unprofiled_us": statistics.median(after) if after else None}
+    if a.p3:
+        timing["p3_slice_bytes"] = a.slice_bytes or P3_SLICE_BYTES
+        timing["p3_slices"] = len(p3.slices)
+    if a.losses:
+        timing["loss"] = losses
     print(f"worker {kv.rank}: median step {timing['median_profiled_us']} us profiled, "
           f"{timing['median_unprofiled_us']} us unprofiled", flush=True)
     if a.timing_out:
