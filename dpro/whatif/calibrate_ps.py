@@ -233,7 +233,7 @@ PlaceIndexed = Callable[[str, int], tuple[list[str], dict[str, str]]]
 
 def measure_port(python: str, workers: int, servers: int, *, place: PlaceIndexed = lambda r, i: loopback(r),
                  root_uri: str = "127.0.0.1", env: dict[str, str] | None = None, sizes: list[int] | None = None,
-                 warmup: int = 3, rounds: int = 8, timeout: float = 180.0) -> dict:
+                 warmup: int = 3, rounds: int = 24, timeout: float = 180.0) -> dict:
     """``workers`` asynchronous workers and ``servers`` servers push and pull ``sizes``
     (default ``PORT_SIZES``) round after round; the mean round of a worker (µs, from the
     rounds per second of all) and each server's bytes and messages per worker round."""
