@@ -703,6 +703,12 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--python", "python", default=None, metavar="EXE",
               help="ps-lite: the Python with MXNet to run the scheduler, server and worker (default: this one).")
 @click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
+@click.option("--port-workers", default=None, metavar="N,N,...",
+              help="ps-lite: also measure a server port's efficiency with N asynchronous workers (1 server, no "
+                   "computation), which `dpro whatif --async --platform` divides the busiest port's bound by.")
+@click.option("--port-keys-from", "port_trace", type=click.Path(path_type=Path), default=None, metavar="PATH",
+              help="--port-workers: push and pull keys of this PS profile's sizes (its message mix; default: a "
+                   "fixed mix of 4 KiB to 4 MiB).")
 @click.option("--oracle", is_flag=True,
               help="Write the platform file of `dpro oracle --platform` instead (gloo, docs/oracle.md): per process "
                    "count of --nprocs the all-reduce, all-gather and halo exchange (with a link's token-bucket burst "
@@ -719,7 +725,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--idle-us", default=8000.0, show_default=True,
               help="--oracle: idle time before every timed call (µs), so that a token bucket refills as during compute.")
 def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool, oracle: bool,
-                  nprocs: str, topology: str, rounds: int, idle_us: float, python: str | None = None) -> None:
+                  nprocs: str, topology: str, rounds: int, idle_us: float, python: str | None = None,
+                  port_workers: str | None = None, port_trace: Path | None = None) -> None:
     """Measure this machine's all-reduce (or ps-lite) cost for `dpro whatif --platform`.
 
     Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
@@ -746,7 +753,7 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
             print_calibration(d, output)
         return
     if backend == "ps-lite":
-        _calibrate_ps(output, repeats, python, as_json)
+        _calibrate_ps(output, repeats, python, as_json, port_workers, port_trace)
         return
     if processes < 2:
         raise DproInputError(None, f"--processes {processes}: at least 2")
@@ -765,16 +772,35 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
                    f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%})")
 
 
-def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool) -> None:
+def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool, port_workers: str | None = None,
+                  port_trace: Path | None = None) -> None:
     import sys
 
     from dpro.jsonio import write_json
-    from dpro.whatif.calibrate_ps import calibrate_ps
+    from dpro.whatif.calibrate_ps import calibrate_ps, measure_port, port_efficiency
+    from dpro.whatif.platform import parse_workers
 
     if repeats < 1:
         raise DproInputError(None, f"--repeats {repeats}: at least 1")
     try:
+        ports = parse_workers(port_workers) if port_workers else []
+    except ValueError as e:
+        raise DproInputError(None, f"--port-{e}") from None
+    sizes = None
+    if port_trace is not None:
+        from dpro.job import open_job
+        from dpro.whatif.scaleout import ps_key_sizes
+
+        sizes = ps_key_sizes(open_job(port_trace)) or None
+        if sizes is None:
+            raise DproInputError(port_trace, "--port-keys-from: the profile pushes no keys (not a PS profile)")
+    try:
         d = calibrate_ps(python or sys.executable, repeats=repeats)
+        rows = [measure_port(python or sys.executable, n, 1, sizes=sizes) for n in ports]
+        for r in rows:
+            r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
+        if rows:
+            d["ps"]["port_efficiency"] = rows
     except (RuntimeError, OSError) as e:
         raise DproInputError(None, str(e)) from None
     write_json(output, d)

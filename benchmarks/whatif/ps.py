@@ -14,7 +14,11 @@ compute thread per process, workers pinned to core ``index % cores``), so predic
 ``--pinned``. First, ``dpro calibrate --backend ps-lite`` measures ps-lite's CPU per message
 on this machine (1 worker + 1 server, never the validation jobs; under ``--cap-mbit`` in
 the same capped namespaces) and every prediction gets ``--host-cores CORES --cpu-cost``
-with it (``--no-cpu-cost``: without; each row also keeps the prediction without it).
+with it (``--no-cpu-cost``: without; each row also keeps the prediction without it). Under
+``--cap-mbit``, once the first profile exists, the calibration also measures the server
+ports' efficiency with N asynchronous senders (calibrate_ps.measure_port: no computation,
+keys of the profile's sizes), and the predictions get the file as ``--platform`` too: the
+link and ports measured behind the cap.
 
     .venv-mx/bin/python benchmarks/whatif/ps.py [--model mlp] [--workers 2,3,4] [--servers 1,2] [--kvstores dist_sync,dist_async]
 """
@@ -72,6 +76,51 @@ def calibrate(pj, o: argparse.Namespace, env: dict[str, str], path: Path) -> dic
     return d
 
 
+def link_only(plat: Path) -> Path:
+    """A copy of the platform file without the CPU costs (``--platform`` would lend them to
+    the prediction without ``--cpu-cost``): the link and the ports."""
+    d = json.loads(plat.read_text())
+    d["ps"] = {k: v for k, v in d["ps"].items() if "_cpu_" not in k}
+    out = plat.with_name(plat.stem + "_link.json")
+    out.write_text(json.dumps(d))
+    return out
+
+
+def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, trace: Path) -> None:
+    """Capped: the server ports' efficiency with N asynchronous senders (N of --workers above
+    1, S of --servers) behind the same cap, no computation, each worker pushing and pulling
+    keys of the profile's sizes (its message mix; dpro.whatif.calibrate_ps.measure_port),
+    against the calibration's link; added to the platform file."""
+    import dpro
+    from dpro.jsonio import write_json
+    from dpro.whatif.calibrate_ps import measure_port, port_efficiency
+    from dpro.whatif.scaleout import ps_key_sizes
+
+    d = json.loads(path.read_text())
+    sizes = ps_key_sizes(dpro.open(trace))
+    nn = _load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
+    placer = _load("ps_netns", pj.PS_NETNS).placer
+    rows = d["ps"].get("port_efficiency", [])
+    have = {(r["workers"], r["servers"]) for r in rows}
+    for s in [int(x) for x in o.servers.split(",")]:
+        for w in [int(x) for x in o.workers.split(",") if int(x) > 1]:
+            if (w, s) in have:  # measured by an earlier command of the same run
+                continue
+            with nn.NetnsCluster(w + s, o.cap_mbit):
+                r = measure_port(str(pj.MX / "python"), w, s, place=placer(s), root_uri=nn.BRIDGE_ADDR, env=env,
+                                 sizes=sizes)
+            r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
+            rows.append(r)
+    if len(rows) == len(have):
+        return
+    d["ps"]["port_efficiency"] = rows
+    d["ps"]["port_sizes"] = sizes
+    write_json(path, d)
+    print("# port efficiency (the profile's keys, no computation): "
+          + ", ".join(f"{r['workers']}w{r['servers']}s {r['round_us'] / 1e3:.0f} ms {r['efficiency']:.3f}" for r in rows),
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
@@ -94,7 +143,8 @@ def main() -> None:
         ps = calibrate(pj, o, {**env, **js.env()}, plat)["ps"]
         print(f"# ps-lite calibration ({time.monotonic() - t0:.0f} s): CPU per message worker "
               f"{ps['worker_cpu_alpha_us']:.0f} us + {ps['worker_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B, server "
-              f"{ps['server_cpu_alpha_us']:.0f} us + {ps['server_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B", flush=True)
+              f"{ps['server_cpu_alpha_us']:.0f} us + {ps['server_cpu_beta_us_per_byte'] * 1e3:.3f} ns/B; link "
+              f"{ps['alpha_us']:.0f} us + {ps['beta_us_per_byte'] * 1e3:.3f} ns/B", flush=True)
     rows = []
     for kv in o.kvstores.split(","):
         d = o.out / kv
@@ -103,6 +153,8 @@ def main() -> None:
             pj.run([*dpro, "profile", "-o", str(trace), "--warmup", str(pj.WARMUP), "--steps", str(pj.STEPS), "--",
                     *js.apply(pj.job_cmd(o.model, 1, 1, d / "timing_prof", pj.WARMUP + pj.STEPS + 2, o.cap_mbit)),
                     "--kvstore", kv], env=env)
+        if o.cap_mbit is not None and not o.no_cpu_cost:
+            calibrate_ports(pj, o, {**env, **js.env()}, plat, trace)  # the (workers, servers) not measured yet
         for s in [int(x) for x in o.servers.split(",")]:
             args = ["whatif", str(trace), "--workers", o.workers, "--servers", str(s), "--json",
                     "--host-cores", str(os.cpu_count())]
@@ -110,8 +162,12 @@ def main() -> None:
                 args.append("--async")
             if js.pin:  # the workers are bound to core index % cores
                 args.append("--pinned")
-            plain = json.loads(pj.run([*dpro, *args], env=env).stdout)
-            pred = plain if o.no_cpu_cost else json.loads(pj.run([*dpro, *args, "--cpu-cost", str(plat)], env=env).stdout)
+            link = []
+            if o.cap_mbit is not None and not o.no_cpu_cost:  # the link and ports measured behind the same cap
+                link = ["--platform", str(link_only(plat))]  # its CPU costs only with --cpu-cost
+            plain = json.loads(pj.run([*dpro, *args, *link], env=env).stdout)
+            pred = plain if o.no_cpu_cost else json.loads(pj.run([*dpro, *args, *link, "--cpu-cost", str(plat)],
+                                                                 env=env).stdout)
             for pt, pt0 in zip(pred["scaling"], plain["scaling"]):
                 w = pt["workers"]
                 steps, loads, per_run = [], [], []

@@ -15,7 +15,9 @@ the same shape is the cost of one parameter-server message; ``allreduce`` may al
 ``cpu_alpha_us`` and ``cpu_beta_us_per_byte``, the CPU time per rank in the same form, and ``ps``
 ``worker_cpu_alpha_us``, ``worker_cpu_beta_us_per_byte``, ``server_cpu_alpha_us``,
 ``server_cpu_beta_us_per_byte``, the CPU time of one PS message on each side (``dpro calibrate
---backend ps-lite``); the optional ``cores`` is the
+--backend ps-lite``), and ``port_efficiency``, a list of ``{"workers": N, "servers": S,
+"efficiency": e}``: what the busiest server port delivers to N asynchronous senders, as a
+share of that link cost (``dpro.whatif.calibrate_ps.measure_port``); the optional ``cores`` is the
 CPU cores one host's processes share. A flat ``{"alpha_us": .., "beta_us_per_byte": ..}``
 (optionally with ``cores``) is read as the all-reduce cost.
 """
@@ -65,6 +67,8 @@ class Platform:
     allreduce_cpu: Transfer | None = None
     #: CPU time of a PS message in the worker and the server (``dpro calibrate --backend ps-lite``)
     ps_cpu: PsCpu | None = None
+    #: (workers, servers, efficiency) of the busiest PS server port with that many asynchronous senders
+    ps_port: tuple[tuple[int, int, float], ...] = ()
 
     def transfer(self, kind: str) -> Transfer:
         t = self.allreduce if kind == "allreduce" else (self.ps or self.allreduce)
@@ -111,7 +115,24 @@ def load_platform(path: str | Path) -> Platform:
         cpu = _transfer({"alpha_us": a.get("cpu_alpha_us"), "beta_us_per_byte": a.get("cpu_beta_us_per_byte")},
                         p, "allreduce cpu")
     return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p), cpu,
-                    _ps_cpu(d.get("ps"), p))
+                    _ps_cpu(d.get("ps"), p), _ps_port(d.get("ps"), p))
+
+
+def _ps_port(d: object, path: Path) -> tuple[tuple[int, int, float], ...]:
+    """The ``ps`` entry's ``port_efficiency`` rows, if any: (workers, servers, efficiency > 0)."""
+    rows = d.get("port_efficiency") if isinstance(d, dict) else None
+    if rows is None:
+        return ()
+    out = []
+    for r in rows if isinstance(rows, list) else [None]:
+        ok = isinstance(r, dict) and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool) and r[k] >= 1
+                                         for k in ("workers", "servers"))
+        e = r.get("efficiency") if isinstance(r, dict) else None
+        if not ok or isinstance(e, bool) or not isinstance(e, (int, float)) or not e > 0:
+            raise DproInputError(path, "not a platform file: 'ps.port_efficiency' needs rows of workers and servers "
+                                 "(integers >= 1) and efficiency (a number > 0)")
+        out.append((r["workers"], r["servers"], float(e)))  # type: ignore[index]
+    return tuple(out)
 
 
 def _ps_cpu(d: object, path: Path) -> PsCpu | None:

@@ -17,6 +17,16 @@ One round is two messages (a push and a pull) of ``B`` bytes each way; ``cpu = 2
 and the server apart (``worker_cpu_*``, ``server_cpu_*``): the CPU a push or a pull of
 ``B`` bytes takes from the cores the job shares (``dpro whatif --host-cores``). The
 server's optimizer update is not in it: the what-if has it from the profile's UPDATE ops.
+
+The **ports** (:func:`measure_port`, :func:`port_efficiency`; optional, e.g. in capped
+network namespaces, ``benchmarks/whatif/ps.py --cap-mbit``): N ``dist_async`` workers and S
+servers, no computation, each worker pushing and pulling a fixed key set (``PORT_SIZES``,
+placed by MXNet's rule) round after round. The busiest server port's time per worker round
+at the link cost ``t`` (``alpha * messages + beta * bytes``), N such rounds at a time, over
+the measured mean round of a worker, is the port's **efficiency** with N senders: 1.0 when
+the port moves bytes at the rate one connection gets, less when several senders into one
+port get less of it (TCP over a tbf queue, ps-lite's threads waiting). ``dpro whatif
+--async`` divides the busiest port's bound by it (:func:`dpro.whatif.scaleout.async_port_bound`).
 """
 
 from __future__ import annotations
@@ -170,6 +180,107 @@ def fit(rows: list[dict]) -> dict:
     out["model"] = ("per message (a push or a pull of B bytes, loopback): t = alpha + beta * B; "
                     "CPU of the worker and of the server alike")
     return out
+
+
+#: the key set of the port measurement (bytes, float32): a mix of large and small messages,
+#: not any model's
+PORT_SIZES = [4 << 20, 4 << 10, 2 << 20, 64 << 10, 1 << 20, 256 << 10, 4 << 20, 16 << 10]
+
+
+def server_load(sizes: list[int], servers: int, bound: int = 1_000_000) -> tuple[list[int], list[int]]:
+    """Bytes and messages per server of one worker's push (or pull) of keys ``0..`` of
+    ``sizes`` bytes: MXNet's placement (a key of at least ``bound`` elements split evenly
+    over all servers, else on server ``(key * 9973) % servers``)."""
+    from dpro.optimizer.ps.layout import mxnet_home
+
+    nbytes, msgs = [0] * servers, [0] * servers
+    for key, b in enumerate(sizes):
+        if b // 4 >= bound and servers > 1:
+            for s in range(servers):
+                nbytes[s] += b // servers
+                msgs[s] += 1
+        else:
+            nbytes[mxnet_home(key, servers)] += b
+            msgs[mxnet_home(key, servers)] += 1
+    return nbytes, msgs
+
+
+def _port_worker_main(out: str, sizes: list[int], warmup: int, rounds: int) -> None:
+    """Runs in each worker process of :func:`measure_port`: push and pull every key, round
+    after round, no computation; write the timed rounds' span."""
+    import mxnet as mx
+
+    kv = mx.kv.create("dist_async")
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01))  # the servers apply every push
+    grads = [mx.nd.ones(max(1, b // 4)) * 1e-3 for b in sizes]
+    weights = [mx.nd.ones(max(1, b // 4)) for b in sizes]
+    for key, w in enumerate(weights):
+        kv.init(key, w)
+    mx.nd.waitall()
+    t0 = 0.0
+    for r in range(warmup + rounds):
+        if r == warmup:
+            t0 = time.time()
+        for key in range(len(sizes)):
+            kv.pushpull(key, grads[key], out=weights[key], priority=-key)
+        mx.nd.waitall()
+    Path(out.format(rank=kv.rank)).write_text(json.dumps({"start_s": t0, "end_s": time.time(), "rounds": rounds}))
+
+
+#: where process ``i`` of a role runs (the port measurement starts several workers)
+PlaceIndexed = Callable[[str, int], tuple[list[str], dict[str, str]]]
+
+
+def measure_port(python: str, workers: int, servers: int, *, place: PlaceIndexed = lambda r, i: loopback(r),
+                 root_uri: str = "127.0.0.1", env: dict[str, str] | None = None, sizes: list[int] | None = None,
+                 warmup: int = 3, rounds: int = 24, timeout: float = 180.0) -> dict:
+    """``workers`` asynchronous workers and ``servers`` servers push and pull ``sizes``
+    (default ``PORT_SIZES``) round after round; the mean round of a worker (µs, from the
+    rounds per second of all) and each server's bytes and messages per worker round."""
+    sizes = sizes or PORT_SIZES
+    env = {**(os.environ if env is None else env), "DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(free_port()),
+           "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), "PS_VERBOSE": "0"}
+    node = ["-c", "import mxnet"]
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="dpro-calibrate-port-") as tmp:
+        out = os.path.join(tmp, "port_{rank}.json")
+        try:
+            procs.append(_start(python, "scheduler", env, node, lambda r: place(r, 0)))
+            for i in range(servers):
+                procs.append(_start(python, "server", env, node, lambda r, i=i: place(r, i)))
+            ws = [_start(python, "worker", env,
+                         ["-c", "import sys; from dpro.whatif.calibrate_ps import _port_worker_main; "
+                                "_port_worker_main(sys.argv[1], [int(x) for x in sys.argv[2].split(',')], "
+                                "int(sys.argv[3]), int(sys.argv[4]))", out, ",".join(map(str, sizes)), str(warmup),
+                          str(rounds)], lambda r, i=i: place(r, i)) for i in range(workers)]
+            procs += ws
+            end = time.monotonic() + timeout
+            for w in ws:
+                try:
+                    _, err = w.communicate(timeout=max(1.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"ps-lite port calibration: the workers did not finish in {timeout:.0f} s") from None
+                if w.returncode:
+                    last = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+                    raise RuntimeError(f"ps-lite port calibration: a worker failed (exit {w.returncode}): {last[0]}")
+            spans = [json.loads(Path(out.format(rank=r)).read_text()) for r in range(workers)]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    rate = sum(s["rounds"] / (s["end_s"] - s["start_s"]) for s in spans)  # worker rounds per second, all workers
+    nbytes, msgs = server_load(sizes, servers)
+    return {"workers": workers, "servers": servers, "round_us": 1e6 * workers / rate, "server_bytes": nbytes,
+            "server_msgs": msgs, "rounds": rounds}
+
+
+def port_efficiency(row: dict, alpha: float, beta: float) -> float:
+    """A :func:`measure_port` row's efficiency at the link cost ``alpha + beta * B`` per
+    message: the busiest port's time for ``workers`` worker rounds over the measured time
+    of a worker's round (1.0: the port moves bytes at the rate one connection gets)."""
+    busiest = max(alpha * m + beta * b for b, m in zip(row["server_bytes"], row["server_msgs"]))
+    return row["workers"] * busiest / row["round_us"] if row["round_us"] > 0 else 1.0
 
 
 def calibrate_ps(python: str = sys.executable, sizes: list[int] | None = None, repeats: int = 20,

@@ -86,6 +86,9 @@ class Cluster:
     #: CPU time of a PS message in the worker and the server (``dpro calibrate --backend
     #: ps-lite``), for ``host_cores``
     ps_cpu: PsCpu | None = None
+    #: (workers, servers, efficiency) of the busiest server port with that many asynchronous
+    #: senders (``dpro.whatif.calibrate_ps.measure_port``), for ``asynchronous``
+    ps_port: tuple[tuple[int, int, float], ...] = ()
     #: P3 on a parameter server (the ``p3`` what-if): slices of at most this many bytes,
     #: sent first layer first, no barrier between steps (:mod:`dpro.whatif.p3_ps`)
     p3_slice_bytes: int | None = None
@@ -249,6 +252,8 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
                           for c in cluster_points]
     if platform is not None and platform.ps_cpu is not None:
         cluster_points = [c if c.ps_cpu is not None else replace(c, ps_cpu=platform.ps_cpu) for c in cluster_points]
+    if platform is not None and platform.ps_port:
+        cluster_points = [c if c.ps_port else replace(c, ps_port=platform.ps_port) for c in cluster_points]
     measured = job.replay().measured_iteration_us
     res = ScaleOutResult(kind, [], transfer, src, len(workers), measured, c0.asynchronous)
     kvstore = str((job.trace.manifest.meta or {}).get("kvstore") or "")
@@ -475,6 +480,18 @@ def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_
         else:
             out[name] = [_Piece(name, mxnet_home(key_of.get(name, i), servers), nbytes)]
     return out, bound
+
+
+def ps_key_sizes(job: Job) -> list[int]:
+    """The bytes a worker step pushes of each key, in the order of the job's keys (its
+    recorded key map, else the gradients' names): the message mix of the job, for the port
+    calibration (:func:`dpro.whatif.calibrate_ps.measure_port`)."""
+    w = next((nt for nt in job.trace.nodes.values() if nt.info.role == "worker"), None)
+    keymap = w.meta.get("keys") if w is not None and isinstance(w.meta.get("keys"), dict) else {}
+    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    pieces, _ = _ps_pieces(job, _workers(job)[0], 1)  # the representative worker's step
+    order = sorted(pieces, key=lambda n: (key_of.get(n, len(key_of)), n))
+    return [sum(p.bytes for p in pieces[n]) for n in order]
 
 
 def _p3_on_ps(job: Job, points: list[Cluster], whatifs, res: ScaleOutResult) -> tuple[list[Cluster], list]:
@@ -709,8 +726,11 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
                          pinned=c.pinned)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
     bd = {"compute": comp_us, "exposed_COMM_alone": exposed}
-    port = async_port_bound(c.workers, per_server, msgs, t)
+    eff = port_efficiency_for(c.ps_port, c.workers, servers)
+    port = async_port_bound(c.workers, per_server, msgs, t, eff)
     bd["port_bound"] = port
+    if c.ps_port:
+        bd["port_efficiency"] = eff
     if port > it:
         it, thr = port, c.workers * 1e6 / port
     if c.host_cores and c.ps_cpu is not None:
@@ -727,15 +747,35 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     return Point(c.workers, servers, it, thr, bd)
 
 
-def async_port_bound(workers: int, server_bytes: list[float], server_msgs: list[int], t: Transfer) -> float:
+def async_port_bound(workers: int, server_bytes: list[float], server_msgs: list[int], t: Transfer,
+                     efficiency: float = 1.0) -> float:
     """The least mean step of a worker (µs) that the servers' ports and the workers' links
     allow in asynchronous SGD: a worker step pushes ``server_bytes[s]`` in
     ``server_msgs[s]`` messages into server ``s`` (and pulls as many out, through the
     port's other direction); ``workers`` such steps at a time through the busiest port take
-    ``workers * (alpha * msgs + beta * bytes)``, and every step moves all its servers'
-    bytes through its own worker's link: ``sum over servers (alpha * msgs + beta * bytes)``."""
+    ``workers * (alpha * msgs + beta * bytes) / efficiency`` (the share of that cost the port
+    delivers with that many senders, :func:`port_efficiency_for`), and every step moves all
+    its servers' bytes through its own worker's link: ``sum over servers (alpha * msgs + beta * bytes)``."""
     cost = [t.alpha * m + t.beta * b for b, m in zip(server_bytes, server_msgs)]
-    return max(workers * max(cost, default=0.0), sum(cost))
+    return max(workers * max(cost, default=0.0) / min(1.0, max(efficiency, 1e-9)), sum(cost))
+
+
+def port_efficiency_for(rows: tuple[tuple[int, int, float], ...], workers: int, servers: int) -> float:
+    """The busiest port's efficiency with ``workers`` asynchronous senders from the calibrated
+    ``(workers, servers, efficiency)`` rows: those of ``servers`` servers (else of the most
+    servers measured below it, else of the fewest), linear in the workers between the
+    measured counts (and from 1.0 at one worker), the last one's beyond them; at most 1.0
+    (no rows: 1.0)."""
+    if not rows:
+        return 1.0
+    have = sorted({s for _, s, _ in rows})
+    below = [s for s in have if s <= servers]
+    srv = below[-1] if below else have[0]
+    pts = dict(sorted((n, e) for n, s, e in rows if s == srv))
+    pts.setdefault(1, 1.0)
+    ns = sorted(pts)
+    e = float(np.interp(workers, ns, [pts[n] for n in ns]))  # clamped to the ends
+    return min(1.0, e)
 
 
 def async_cpu_bound(workers: int, cores: int, worker_us: float, other_us: float, pinned: bool = False) -> float:
