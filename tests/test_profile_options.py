@@ -95,9 +95,10 @@ def test_tf_host_tracer_level_and_deferred_write(monkeypatch):
 
 
 def test_tf_prime_steps(monkeypatch):
+    monkeypatch.delenv("DPRO_TF_PRIME_STEPS", raising=False)
+    assert RecordConfig.resolve("out", None, None).tf_prime_steps == 4
+    monkeypatch.setenv("DPRO_TF_PRIME_STEPS", "0")
     assert RecordConfig.resolve("out", None, None).tf_prime_steps == 0
-    monkeypatch.setenv("DPRO_TF_PRIME_STEPS", "3")
-    assert RecordConfig.resolve("out", None, None).tf_prime_steps == 3
     monkeypatch.setenv("DPRO_TF_PRIME_STEPS", "-1")
     c = RecordConfig.resolve("out", None, None)
     assert not c.enabled and "DPRO_TF_PRIME_STEPS=-1" in (c.problem or "")

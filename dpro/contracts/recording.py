@@ -62,8 +62,8 @@ ENV_TF_DEVICE_TRACER_LEVEL = "DPRO_TF_DEVICE_TRACER_LEVEL"
 #: start once the step function's graphs were collected in the warm-up)
 ENV_TF_COLLECT_IN_WINDOW = "DPRO_TF_COLLECT_IN_WINDOW"
 #: TensorFlow: run a throwaway profiler session over the last N warm-up calls (at most the
-#: warm-up less its first call), glibc's heaps kept from then to the window's end (default 0:
-#: none; docs/fidelity.md "TF + Horovod: where the window's faults start")
+#: warm-up less its first call), glibc's heaps kept from then to the window's end (default 4;
+#: ``0``: none; docs/fidelity.md "TF + Horovod at 4 workers, and where the window's faults start")
 ENV_TF_PRIME_STEPS = "DPRO_TF_PRIME_STEPS"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)

@@ -31,7 +31,8 @@ end). Converting the xplane in the rank keeps TensorFlow out of ``dpro collect``
 happens after the window (:meth:`TFBackend.write`, deferred by the recorder), not in its
 last call.
 
-``DPRO_TF_PRIME_STEPS=N`` (off by default): the last ``N`` warm-up calls run under a
+``DPRO_TF_PRIME_STEPS=N`` (default 4, ``0`` switches it off): the last ``N`` warm-up calls
+(at most the warm-up less its first call) run under a
 throwaway profiler session (started before the first of them, stopped after the last, its
 output discarded), and glibc's heaps are kept (``M_TOP_PAD``, :class:`HeapKeeper`) from then
 to the window's end. What it is for (#31, docs/fidelity.md): with TF's profiler on, the
@@ -39,7 +40,11 @@ executor thread's event buffers take the place in its malloc arena where the ste
 tensor (~28 MB on the convnet) fitted, so from the window's second or third call on that
 tensor lands in a fresh heap, which glibc deletes again when the step frees it: ~6900 page
 faults per call. The throwaway session's buffers, freed at its stop, leave room of the right
-sizes for the window's buffers.
+sizes for the window's buffers: in the 2-worker convnet (#31) the window's calls 2-5 then
+fault in 10-30 % of the calls, as unprofiled, instead of 90-100 %. Side effect: the warm-up's
+last calls are profiled, so the overhead estimate's fallback (:mod:`dpro.graph.overhead`,
+warm-up pace against the window's, used only without the calls timed after the window)
+sees less of the profiler's cost.
 """
 
 from __future__ import annotations
