@@ -94,6 +94,16 @@ def test_tf_host_tracer_level_and_deferred_write(monkeypatch):
     assert not c.enabled and "DPRO_TF_HOST_TRACER_LEVEL=5" in (c.problem or "")
 
 
+def test_tf_prime_steps(monkeypatch):
+    monkeypatch.delenv("DPRO_TF_PRIME_STEPS", raising=False)
+    assert RecordConfig.resolve("out", None, None).tf_prime_steps == 4
+    monkeypatch.setenv("DPRO_TF_PRIME_STEPS", "0")
+    assert RecordConfig.resolve("out", None, None).tf_prime_steps == 0
+    monkeypatch.setenv("DPRO_TF_PRIME_STEPS", "-1")
+    c = RecordConfig.resolve("out", None, None)
+    assert not c.enabled and "DPRO_TF_PRIME_STEPS=-1" in (c.problem or "")
+
+
 def test_trace_written_after_the_window_not_in_it(tmp_path):
     """Deferred (default): the rank's files appear once the calls after the window are timed
     (here: at exit), with the after-window walls in the meta; DPRO_DEFER_WRITE=0: the same files."""

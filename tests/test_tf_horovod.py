@@ -375,3 +375,41 @@ def test_tf_window_defers_the_export_and_stops_graph_collection(tmp_path):
     rank = json.loads(gzip.decompress((out / "rank0.json.gz").read_bytes()))
     assert sorted(rank["steps"]) == ["2", "3"] and rank["events"]
     assert any(n["op"] == "MatMul" or "MatMul" in n["op"] for g in rank["graphs"] for n in g)
+
+
+RECORDER_PRIME = RECORDER_WINDOW.replace(
+    'def step():\n    float(train_step(it))',
+    'def step():\n    b = rec._backend\n    seen.append({"prime": b._prime_dir is not None, "window": b.active, "kept": b.heap.kept})\n'
+    '    float(train_step(it))',
+).replace('    seen.append({"call": i, "collecting"', '    seen.append({"after": i, "collecting"').replace(
+    'rec = dpro.Recorder(model, out_dir=sys.argv[1], warmup=2, steps=2)',
+    'rec = dpro.Recorder(model, out_dir=sys.argv[1], warmup=3, steps=2)')
+
+
+def test_tf_prime_session_runs_in_the_warmup_only(tmp_path):
+    """``DPRO_TF_PRIME_STEPS=1`` (one TF process): a throwaway profiler session over the last
+    warm-up call, glibc's heaps kept from its start to the window's end; the window records
+    as without it (only its own steps, the graphs collected in the warm-up)."""
+    py = TF_VENV / "bin" / "python"
+    if not py.is_file():
+        pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "DPRO_AFTER_STEPS": "20",
+           "DPRO_TF_PRIME_STEPS": "1"}
+    for k in ("DPRO_DISABLE", "DPRO_TF_COLLECT_IN_WINDOW", "DPRO_TF_DEVICE_TRACER_LEVEL", "DPRO_DEFER_WRITE",
+              "HOROVOD_TIMELINE", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
+              "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"):
+        env.pop(k, None)
+    out = tmp_path / "raw"
+    r = subprocess.run([str(py), "-c", RECORDER_PRIME, str(out), str(EXAMPLE.parent)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    state = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("STATE "))[6:])
+    inside = [s for s in state if "prime" in s]  # as each call ran: warm-up 0-2, window 3-4
+    assert [s["prime"] for s in inside] == [False, False, True, False, False]
+    assert [s["window"] for s in inside] == [False, False, False, True, True]
+    assert [s["kept"] for s in inside] == [False, False, True, True, True]
+    after = [s for s in state if "after" in s]
+    assert [s["collecting"] for s in after] == [True, True, True, False, False]
+    rank = json.loads(gzip.decompress((out / "rank0.json.gz").read_bytes()))
+    assert sorted(rank["steps"]) == ["3", "4"] and rank["events"]  # nothing of the throwaway session
+    assert any("MatMul" in n["op"] for g in rank["graphs"] for n in g)

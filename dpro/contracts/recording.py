@@ -61,6 +61,10 @@ ENV_TF_DEVICE_TRACER_LEVEL = "DPRO_TF_DEVICE_TRACER_LEVEL"
 #: ``1``: keep TF's graph collection on through the window (default: off from the window's
 #: start once the step function's graphs were collected in the warm-up)
 ENV_TF_COLLECT_IN_WINDOW = "DPRO_TF_COLLECT_IN_WINDOW"
+#: TensorFlow: run a throwaway profiler session over the last N warm-up calls (at most the
+#: warm-up less its first call), glibc's heaps kept from then to the window's end (default 4;
+#: ``0``: none; docs/fidelity.md "TF + Horovod at 4 workers, and where the window's faults start")
+ENV_TF_PRIME_STEPS = "DPRO_TF_PRIME_STEPS"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"

@@ -18,6 +18,7 @@ from dpro.contracts.recording import (
     ENV_RECORD_SHAPES,
     ENV_STEPS,
     ENV_TF_HOST_TRACER_LEVEL,
+    ENV_TF_PRIME_STEPS,
     ENV_TRACE_DIR,
     ENV_WARMUP,
 )
@@ -31,6 +32,10 @@ DEFAULT_OUT = "dpro_traces"
 #: (``DPRO_RECORD_SHAPES`` / ``DPRO_PROFILE_MEMORY``; docs/profiling.md "What it costs")
 DEFAULT_RECORD_SHAPES = False
 DEFAULT_PROFILE_MEMORY = False
+#: TensorFlow: warm-up calls under a throwaway profiler session before the window (at most the
+#: warm-up less its first call; docs/fidelity.md "TF + Horovod at 4 workers, and where the
+#: window's faults start")
+DEFAULT_TF_PRIME_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,9 @@ class RecordConfig:
     defer_write: bool = True
     #: TensorFlow's host tracer level in the window
     tf_host_tracer_level: int = 2
+    #: TensorFlow: calls at the warm-up's end run under a throwaway profiler session, glibc's
+    #: heaps kept from then to the window's end (``DPRO_TF_PRIME_STEPS``; 0: none)
+    tf_prime_steps: int = DEFAULT_TF_PRIME_STEPS
     #: PyTorch on CUDA: CPU operators in the window's first step only, CUDA activity alone in
     #: the others (``DPRO_CUDA_LIGHT``, ``dpro profile --cuda-light``; docs/profiling.md)
     cuda_light: bool = False
@@ -80,6 +88,7 @@ class RecordConfig:
         if tf_level > 3:
             problems.append(f"{ENV_TF_HOST_TRACER_LEVEL}={tf_level} is outside 1..3")
             tf_level = 2
+        tf_prime = _env_int(ENV_TF_PRIME_STEPS, DEFAULT_TF_PRIME_STEPS, 0, problems)
         raw_out = out_dir if out_dir is not None else env.get(ENV_TRACE_DIR, DEFAULT_OUT)
         if not str(raw_out) or "\0" in str(raw_out):
             problems.append(f"{ENV_TRACE_DIR}={str(raw_out)!r} is not a directory name")
@@ -99,6 +108,7 @@ class RecordConfig:
             profile_memory=memory,
             defer_write=defer,
             tf_host_tracer_level=tf_level,
+            tf_prime_steps=tf_prime,
             cuda_light=light,
             problem="; ".join(problems) or None,
         )

@@ -126,7 +126,10 @@ class Recorder:
     def _begin(self) -> tuple[int, object] | None:
         i = self.calls
         self.calls += 1
-        if self.done or i < self.config.warmup:
+        if self.done:
+            return None
+        if i < self.config.warmup:
+            self._warmup_edge(i, begin=True)
             return None
         assert self._backend is not None
         try:
@@ -137,8 +140,21 @@ class Recorder:
             self._stop("start profiling" if i == self.config.warmup else f"profile step {i}", e)
             return None
 
+    def _warmup_edge(self, i: int, begin: bool) -> None:
+        """A warm-up call begins or ends: the backend's ``warmup_call`` hook, if it has one
+        (TensorFlow: a throwaway profiler session before the window, ``DPRO_TF_PRIME_STEPS``)."""
+        hook = getattr(self._backend, "warmup_call", None)
+        if hook is None or self.done:
+            return
+        try:
+            hook(i, begin)
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._stop(f"prepare the window in warm-up step {i}", e)
+
     def _end(self, state: tuple[int, object] | None, failed: bool) -> None:
         if state is None:
+            if 0 < self.calls <= self.config.warmup:
+                self._warmup_edge(self.calls - 1, begin=False)
             return
         i, token = state
         assert self._backend is not None

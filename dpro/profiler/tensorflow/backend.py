@@ -30,12 +30,29 @@ window's start once the warm-up's graphs are in (``DPRO_TF_COLLECT_IN_WINDOW=1``
 end). Converting the xplane in the rank keeps TensorFlow out of ``dpro collect``; it
 happens after the window (:meth:`TFBackend.write`, deferred by the recorder), not in its
 last call.
+
+``DPRO_TF_PRIME_STEPS=N`` (default 4, ``0`` switches it off): the last ``N`` warm-up calls
+(at most the warm-up less its first call) run under a
+throwaway profiler session (started before the first of them, stopped after the last, its
+output discarded), and glibc's heaps are kept (``M_TOP_PAD``, :class:`HeapKeeper`) from then
+to the window's end. What it is for (#31, docs/fidelity.md): with TF's profiler on, the
+executor thread's event buffers take the place in its malloc arena where the step's largest
+tensor (~28 MB on the convnet) fitted, so from the window's second or third call on that
+tensor lands in a fresh heap, which glibc deletes again when the step frees it: ~6900 page
+faults per call. The throwaway session's buffers, freed at its stop, leave room of the right
+sizes for the window's buffers: in the 2-worker convnet (#31) the window's calls 2-5 then
+fault in 10-30 % of the calls, as unprofiled, instead of 90-100 %. Side effect: the warm-up's
+last calls are profiled, so the overhead estimate's fallback (:mod:`dpro.graph.overhead`,
+warm-up pace against the window's, used only without the calls timed after the window)
+sees less of the profiler's cost.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -73,6 +90,37 @@ STEP_TRACE = "dpro_step"
 ASYNC_EVENTS = {"ExecutorState::ProcessAsync::Start": TF_EVENT_START, "ExecutorState::ProcessAsync::Done": TF_EVENT_DONE}
 #: tf.data's internal iterator events carry a type but are no graph ops
 SKIP_PREFIXES = ("Iterator::",)
+
+
+class HeapKeeper:
+    """glibc's ``M_TOP_PAD`` raised to a per-thread heap's largest size (64 MiB) while kept,
+    so that no heap is deleted or shrunk, and set back to glibc's default (128 KiB) after.
+    A no-op where the C library is not glibc or the user set glibc's malloc in the
+    environment. Side effect of any ``mallopt``: glibc stops adapting its mmap and trim
+    thresholds, which keep the values the warm-up gave them."""
+
+    M_TOP_PAD = -2
+    DEFAULT_TOP_PAD = 128 * 1024
+    KEPT_TOP_PAD = 64 * 1024 * 1024
+    USER_ENV = ("MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX",
+                "GLIBC_TUNABLES")
+
+    def __init__(self) -> None:
+        self.kept = False
+
+    def _mallopt(self, value: int) -> bool:
+        if platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in self.USER_ENV):
+            return False
+        return bool(ctypes.CDLL(None).mallopt(self.M_TOP_PAD, value))
+
+    def keep(self) -> None:
+        if not self.kept:
+            self.kept = self._mallopt(self.KEPT_TOP_PAD)
+
+    def release(self) -> None:
+        if self.kept:
+            self.kept = False
+            self._mallopt(self.DEFAULT_TOP_PAD)
 
 
 def rank_world() -> tuple[int, int, str | None]:
@@ -147,6 +195,9 @@ class TFBackend:
         #: (rank, world, library) at the window's end (:meth:`stop`)
         self._run_metadata: list[Any] = []
         self._who: tuple[int, int, str | None] | None = None
+        #: the throwaway profiler session before the window (``DPRO_TF_PRIME_STEPS``)
+        self._prime_dir: str | None = None
+        self.heap = HeapKeeper()
         self.timeline = WindowTimeline("horovod.tensorflow")
         self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
@@ -174,14 +225,45 @@ class TFBackend:
         except Exception:  # noqa: BLE001
             return 1
 
+    def _options(self) -> Any:
+        return self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.config.tf_host_tracer_level,
+                                                             python_tracer_level=0,
+                                                             device_tracer_level=self._device_tracer_level())
+
+    def prime_steps(self) -> int:
+        """Warm-up calls under the throwaway session: ``DPRO_TF_PRIME_STEPS``, at most the
+        warm-up less its first call (which instantiates the step function)."""
+        return max(0, min(self.config.tf_prime_steps, self.config.warmup - 1))
+
+    def warmup_call(self, i: int, begin: bool) -> None:
+        """Warm-up call ``i`` begins / ends: start the throwaway session before the first of
+        the last :meth:`prime_steps` warm-up calls, stop and discard it after the last."""
+        n = self.prime_steps()
+        if n == 0:
+            return
+        if begin and i == self.config.warmup - n:
+            self.heap.keep()
+            self._prime_dir = tempfile.mkdtemp(prefix="dpro-tf-prime-")
+            self.tf.profiler.experimental.start(self._prime_dir, options=self._options())
+        elif not begin and i == self.config.warmup - 1:
+            self._stop_prime()
+
+    def _stop_prime(self) -> None:
+        if self._prime_dir is not None:
+            d, self._prime_dir = self._prime_dir, None
+            try:
+                self.tf.profiler.experimental.stop()
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+
     def start(self) -> None:
         """Start TF's profiler for the window; stop collecting graphs if the warm-up's are in."""
+        self._stop_prime()  # not stopped if the warm-up's last call failed
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
         if os.environ.get(ENV_TF_COLLECT_IN_WINDOW, "") not in ("1", "true", "yes") and self._take_graphs():
             # the step function was instantiated in the warm-up: its graphs are in
             self._stop_collecting()
-        opts = self.tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.config.tf_host_tracer_level, python_tracer_level=0,
-                                                             device_tracer_level=self._device_tracer_level())
+        opts = self._options()
         self.timeline.start(self.config.out_dir, self.config.steps,
                             len(getattr(self.model, "trainable_variables", []) or []), rank_world()[1])
         self.tf.profiler.experimental.start(self.logdir, options=opts)
@@ -197,12 +279,19 @@ class TFBackend:
         token.__exit__(None, None, None)  # type: ignore[attr-defined]
 
     def _stop(self) -> None:
-        if self.active:
-            self.active = False
-            self.tf.profiler.experimental.stop()
-        self.timeline.stop()
+        try:
+            if self.active:
+                self.active = False
+                self.tf.profiler.experimental.stop()
+            self.timeline.stop()
+        finally:
+            self.heap.release()
 
     def abort(self) -> None:
+        try:
+            self._stop_prime()
+        except Exception:  # noqa: BLE001
+            pass
         try:
             self._stop()
         except Exception:  # noqa: BLE001
