@@ -354,22 +354,30 @@ print("STATE " + json.dumps(seen), flush=True)
 '''
 
 
-def test_tf_window_defers_the_export_and_stops_graph_collection(tmp_path):
-    """One TF process (no GPU): graph collection stops at the window's start (the warm-up
-    collected the step's graphs), the xplane is converted after the window, not in its last
-    call, and the graphs are in the rank's file."""
+def _run_recorder_script(script: str, out: Path, **env_set: str) -> list[dict]:
+    """Run ``script`` (RECORDER_WINDOW or a variant) in the TF venv, recording into ``out``,
+    with the recorder's switches at their defaults but ``env_set``; the STATE it prints."""
     py = TF_VENV / "bin" / "python"
     if not py.is_file():
         pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "DPRO_AFTER_STEPS": "20"}
     for k in ("DPRO_DISABLE", "DPRO_TF_COLLECT_IN_WINDOW", "DPRO_TF_DEVICE_TRACER_LEVEL", "DPRO_DEFER_WRITE",
-              "HOROVOD_TIMELINE"):
+              "DPRO_TF_PRIME_STEPS", "HOROVOD_TIMELINE", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
+              "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"):
         env.pop(k, None)
-    out = tmp_path / "raw"
-    r = subprocess.run([str(py), "-c", RECORDER_WINDOW, str(out), str(EXAMPLE.parent)], cwd=REPO,
+    env.update(env_set)
+    r = subprocess.run([str(py), "-c", script, str(out), str(EXAMPLE.parent)], cwd=REPO,
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    state = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("STATE "))[6:])
+    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("STATE "))[6:])
+
+
+def test_tf_window_defers_the_export_and_stops_graph_collection(tmp_path):
+    """One TF process (no GPU): graph collection stops at the window's start (the warm-up
+    collected the step's graphs), the xplane is converted after the window, not in its last
+    call, and the graphs are in the rank's file."""
+    out = tmp_path / "raw"
+    state = _run_recorder_script(RECORDER_WINDOW, out)
     assert [s["collecting"] for s in state] == [True, True, False, False, False]  # window: calls 2, 3
     assert not any(s["written"] for s in state)  # 3 calls after the window < 20: written at exit
     rank = json.loads(gzip.decompress((out / "rank0.json.gz").read_bytes()))
@@ -390,20 +398,8 @@ def test_tf_prime_session_runs_in_the_warmup_only(tmp_path):
     """``DPRO_TF_PRIME_STEPS=1`` (one TF process): a throwaway profiler session over the last
     warm-up call, glibc's heaps kept from its start to the window's end; the window records
     as without it (only its own steps, the graphs collected in the warm-up)."""
-    py = TF_VENV / "bin" / "python"
-    if not py.is_file():
-        pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "DPRO_AFTER_STEPS": "20",
-           "DPRO_TF_PRIME_STEPS": "1"}
-    for k in ("DPRO_DISABLE", "DPRO_TF_COLLECT_IN_WINDOW", "DPRO_TF_DEVICE_TRACER_LEVEL", "DPRO_DEFER_WRITE",
-              "HOROVOD_TIMELINE", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
-              "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"):
-        env.pop(k, None)
     out = tmp_path / "raw"
-    r = subprocess.run([str(py), "-c", RECORDER_PRIME, str(out), str(EXAMPLE.parent)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    state = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("STATE "))[6:])
+    state = _run_recorder_script(RECORDER_PRIME, out, DPRO_TF_PRIME_STEPS="1")
     inside = [s for s in state if "prime" in s]  # as each call ran: warm-up 0-2, window 3-4
     assert [s["prime"] for s in inside] == [False, False, True, False, False]
     assert [s["window"] for s in inside] == [False, False, False, True, True]
