@@ -149,3 +149,50 @@ def test_ps_key_sizes_of_the_golden_recording(tmp_path):
     r = CliRunner().invoke(cli, ["collect", str(REC), "-o", str(tmp_path / "t")])
     assert r.exit_code == 0, r.output
     assert ps_key_sizes(dpro.open(tmp_path / "t")) == [4096, 3211264, 4096, 4194304, 2048, 2097152, 40, 20480]
+
+
+def test_lone_comm_ratio_hand_computed():
+    """A lone worker measured at 127.2 ms a step, the model's one-worker step 135.8 ms, 13.4
+    ms of it computation: the exposed communication is (127.2 - 13.4) / (135.8 - 13.4) =
+    113.8 / 122.4 of the model's; nothing to scale when either step is not above the
+    computation."""
+    from dpro.whatif.scaleout import lone_comm_ratio
+
+    assert lone_comm_ratio(127.2, 13.4, 135.8) == pytest.approx(113.8 / 122.4)
+    assert lone_comm_ratio(135.8, 13.4, 135.8) == pytest.approx(1.0)
+    assert lone_comm_ratio(13.4, 13.4, 135.8) is None and lone_comm_ratio(127.2, 13.4, 10.0) is None
+
+
+def test_async_lone_worker_reproduces_its_measured_step(tmp_path):
+    """The golden PS recording's representative worker (2 servers) as if a lone worker had
+    been measured at ``lone = C + 0.8 x (T1 - C)`` µs a step (``T1`` the model's one-worker
+    step with the profile's 2 servers, ``C`` its computation): the ratio is 0.8; one
+    asynchronous worker with it takes ``lone``: the same sampled compute times as without it
+    (same seed) and 0.2 x (T1 - C) less communication; with 1 server its exposed
+    communication is the model's 1-server one times 0.8; the 2-worker profile's own
+    prediction has no lone step, so nothing is scaled."""
+    from click.testing import CliRunner
+
+    import dpro
+    from dpro.cli import cli
+    from dpro.whatif.scaleout import Cluster, _async_point, _compute_only_us, _ps_point, _workers, lone_comm_ratio_of, predict
+
+    r = CliRunner().invoke(cli, ["collect", str(REC), "-o", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    job = dpro.open(tmp_path / "t")
+    res = predict(job, [Cluster(1, servers=2, asynchronous=True, steps=400)])
+    plain = res.points[0]
+    assert "lone_comm_ratio" not in plain.breakdown_us  # 2 profiled workers: no lone step
+    base, t = _workers(job)[0], res.transfer
+    comp = _compute_only_us(base)
+    assert comp == pytest.approx(plain.breakdown_us["compute"])
+    t1 = {s: _ps_point(job, base.copy(), Cluster(1, s), t).iteration_us for s in (1, 2)}
+    lone = comp + 0.8 * (t1[2] - comp)
+    ratio = lone_comm_ratio_of(job, base, t, lone)
+    assert ratio == pytest.approx(0.8)
+    two = _async_point(job, base.copy(), Cluster(1, servers=2, asynchronous=True, steps=400), t, ratio)
+    assert two.breakdown_us["lone_comm_ratio"] == pytest.approx(0.8)
+    assert plain.iteration_us - two.iteration_us == pytest.approx(0.2 * (t1[2] - comp), rel=1e-6)
+    assert two.iteration_us == pytest.approx(lone, rel=0.03)  # the sampled compute times' mean: C
+    one = _async_point(job, base.copy(), Cluster(1, servers=1, asynchronous=True, steps=400), t, ratio)
+    assert one.breakdown_us["exposed_COMM_alone"] == pytest.approx(0.8 * (t1[1] - comp))

@@ -294,6 +294,10 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
             if k > 1.0:
                 res.notes.append(f"the profile's {len(reps)} workers computed in lockstep on "
                                  f"{cluster_points[0].host_cores} cores: its computation / {k:.3f} before scaling out")
+    lone = None  # a one-worker profile: its measured step corrects the asynchronous simulation's lone worker
+    if kind == "ps" and c0.asynchronous and len(reps) == 1 and measured:
+        t0, _ = _transfer(job, replace(c0, bandwidth=None, latency_us=None), platform, kind, spans)
+        lone = lone_comm_ratio_of(job, reps[0], t0, measured)
     if kind == "ps":
         cluster_points, whatifs = _p3_on_ps(job, cluster_points, whatifs, res)
     for fn, params in whatifs:
@@ -304,7 +308,7 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
                          "synchronous: the slowest one's iteration")
     for c in cluster_points:
         if c.asynchronous:
-            res.points.append(_async_point(job, reps[0], c, transfer))
+            res.points.append(_async_point(job, reps[0], c, transfer, lone))
             continue
         one = _allreduce_point if kind == "allreduce" else (lambda g, c, t: _ps_point(job, g, c, t))
         res.points.append(max((one(g.copy(), c, t) for g, t in zip(reps, per_rep)), key=lambda p: p.iteration_us))
@@ -686,13 +690,15 @@ def _profiled_servers(job: Job) -> int:
 
 
 # -- asynchronous SGD -------------------------------------------------------------------------
-def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
+def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer, comm_ratio: float | None = None) -> Point:
     """Discrete-event simulation of ``c.steps`` steps of asynchronous SGD.
 
     A worker alone runs the synchronous one-worker graph (its pushes overlap its backward
     pass): its step ``T1`` and compute-only time ``C`` (communication ops zeroed) give the
-    exposed communication ``T1 - C``; each server's bytes are scaled so that one worker in
-    the simulation takes exactly ``T1``, and the simulation adds what the other workers'
+    exposed communication ``T1 - C``, times ``comm_ratio`` when given (a one-worker
+    profile's measured lone step against the model's, :func:`lone_comm_ratio_of`); each
+    server's bytes are scaled so that one worker in the simulation takes exactly ``C`` plus
+    that exposed communication, and the simulation adds what the other workers'
     traffic through the same server ports costs and, with ``c.host_cores``, the workers
     computing at the same time sharing those cores. The scaling hides the overlap of one
     worker's pushes with its backward pass, but also shrinks the bytes the server ports
@@ -710,12 +716,13 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
             per_server[p.server] += p.bytes
             msgs[p.server] += 1
     ua, ub = fit_update(job.trace, list(job.steps))
-    compute = base.copy()
-    for op in list(compute.select(lambda o: o.cat == "COMM")):
-        op.dur, op.gap = 0.0, 0.0
-    comp_us = compute.simulate().iteration_us
+    comp_us = _compute_only_us(base)
     solo = _ps_point(job, base.copy(), Cluster(1, servers), t).iteration_us
     exposed = max(0.0, solo - comp_us)
+    bd = {"compute": comp_us}
+    if comm_ratio is not None:
+        exposed *= comm_ratio
+        bd["lone_comm_ratio"] = comm_ratio
     # one worker's communication alone in the simulation; every term scales with k
     thr1 = simulate_async(1, [0.0], per_server, msgs, t, ua, ub, 1) if any(per_server) else 0.0
     raw = 1e6 / thr1 if thr1 > 0 else 0.0
@@ -725,7 +732,7 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
                          Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores,
                          pinned=c.pinned)
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
-    bd = {"compute": comp_us, "exposed_COMM_alone": exposed}
+    bd["exposed_COMM_alone"] = exposed
     eff = port_efficiency_for(c.ps_port, c.workers, servers)
     port = async_port_bound(c.workers, per_server, msgs, t, eff)
     bd["port_bound"] = port
@@ -745,6 +752,31 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
         if bound > it:
             it, thr = bound, c.workers * 1e6 / bound
     return Point(c.workers, servers, it, thr, bd)
+
+
+def _compute_only_us(g: WhatIfGraph) -> float:
+    """The graph's step with its communication ops (and their gaps) zeroed."""
+    compute = g.copy()
+    for op in list(compute.select(lambda o: o.cat == "COMM")):
+        op.dur, op.gap = 0.0, 0.0
+    return compute.simulate().iteration_us
+
+
+def lone_comm_ratio(measured_us: float, compute_us: float, model_us: float) -> float | None:
+    """The measured lone worker's exposed communication over the model's: ``(measured - C) /
+    (model - C)``, ``C`` the compute-only step, ``measured`` the step a lone worker took (a
+    one-worker profile's), ``model`` the synchronous graph's one-worker step in the same
+    cluster; None when either is not above ``C`` (nothing to scale)."""
+    if measured_us <= compute_us or model_us <= compute_us:
+        return None
+    return (measured_us - compute_us) / (model_us - compute_us)
+
+
+def lone_comm_ratio_of(job: Job, g: WhatIfGraph, t: Transfer, measured_us: float) -> float | None:
+    """:func:`lone_comm_ratio` of a one-worker profile's graph ``g`` (before any what-if) in
+    its profiled cluster: its servers, the link ``t`` as profiled (no --bandwidth/--latency)."""
+    model = _ps_point(job, g.copy(), Cluster(1, _profiled_servers(job)), t).iteration_us
+    return lone_comm_ratio(measured_us, _compute_only_us(g), model)
 
 
 def async_port_bound(workers: int, server_bytes: list[float], server_msgs: list[int], t: Transfer,
