@@ -114,7 +114,7 @@ def main() -> None:
         return json.loads(timing.read_text())["step_us"]
 
     factors = o.amp_factors or o.out / "amp_factors.json"
-    if not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
+    if "amp-bf16" in names and not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "amp_calibration.py"), "--repeats", "5",
                         "--model", o.model, "--json", str(factors)], check=True, capture_output=True, timeout=1800,
                        env=job_env)
