@@ -48,6 +48,9 @@ VARIANTS = {
     "sgd-fused": (["--optimizer", "sgd-fused"], "fused_optimizer:speedup={speedup}"),
 }
 
+#: glibc malloc never trims the heap nor serves large blocks by mmap (freed memory is reused)
+MALLOC_KEEP = "glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=4294967295"
+
 
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
@@ -94,6 +97,12 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--setting", default=jobenv.default_for("whatif").name, choices=sorted(jobenv.SETTINGS),
                     help="benchmarks/jobenv.py setting of every run, profiled or not")
+    ap.add_argument("--malloc", choices=["keep", "default"], default="keep",
+                    help="keep: every run with glibc's malloc trim and mmap thresholds at their maximum "
+                         "(GLIBC_TUNABLES), so freed tensors stay in the heap; default: glibc's own. Unprofiled, "
+                         "the MLP gives its freed memory back and faults it in again every step (392k minor "
+                         "faults in 80 steps against 106k profiled: the profiler's buffers keep the heap from "
+                         "being trimmed), which made it up to 60 %% slower than its own profile")
     ap.add_argument("--amp-factors", type=Path, default=None,
                     help="DPRO_AMP_FACTORS for the prediction (default: measured here by benchmarks/amp_calibration.py)")
     ap.add_argument("--optimizer-speedups", type=Path, default=None,
@@ -106,6 +115,8 @@ def main() -> None:
     o.out.mkdir(parents=True, exist_ok=True)
     # one process: pinned.py binds it to core PINNED_INDEX % cores (with the setting's pin)
     job_env = dict(os.environ, PINNED_INDEX="0", **setting.env())
+    if o.malloc == "keep":  # the same heap behaviour profiled and unprofiled (see --malloc)
+        job_env["GLIBC_TUNABLES"] = MALLOC_KEEP
     base = ["--model", o.model, "--steps", str(o.steps), "--warmup", str(o.warmup)]
 
     def train(args: list[str], timing: Path) -> list[float]:
@@ -166,9 +177,9 @@ def main() -> None:
     print(f"plain: replayed profile {statistics.median(rp) / 1e3:.2f} ms vs unprofiled {statistics.median(pl) / 1e3:.2f} "
           f"ms (median of per-round ratio x{statistics.median(a / b for a, b in zip(rp, pl)):.3f}); unprofiled "
           f"{min(pl) / 1e3:.2f}-{max(pl) / 1e3:.2f} ms across rounds")
-    print(f"({os.cpu_count()} cores, setting {o.setting}, load average {os.getloadavg()[0]:.1f}, "
+    print(f"({os.cpu_count()} cores, setting {o.setting}, malloc {o.malloc}, load average {os.getloadavg()[0]:.1f}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
-    (o.out / "results.json").write_text(json.dumps({"setting": o.setting, "model": o.model, "rows": rows,
+    (o.out / "results.json").write_text(json.dumps({"setting": o.setting, "malloc": o.malloc, "model": o.model, "rows": rows,
                                                      "rounds": rounds}, indent=1))
 
 
