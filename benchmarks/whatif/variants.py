@@ -1,19 +1,30 @@
 """What-if validation of graph what-ifs on real one-process jobs: mixed precision (bf16
-autocast on CPU) and a fused / foreach optimizer.
+autocast on CPU) and a fused / foreach optimizer, in PAIRED ROUNDS.
 
-The plain job (``examples/whatif/train_variant.py --model MODEL``) is profiled
-``--profiles`` times (it is memory-bound: one profile's times move with what the other core
-does); ``dpro whatif TRACE --apply NAME --json`` predicts each variant from each, the
-median is the prediction; each variant then runs
-UNPROFILED ``--runs`` times, each right after a run of the plain job, timed by the
-script itself (median step). Reports predicted vs measured and the machine's load (foreign CPU %).
+The plain job (``examples/whatif/train_variant.py --model MODEL``) is memory-bound: its step
+moves by tens of % with what the other core does, so a profile taken at one time and
+variants measured at another compare two machines. Each of ``--rounds`` rounds therefore
+
+1. profiles the plain job (its trace: ``round{r}/plain``),
+2. runs the plain job and every variant UNPROFILED right after it, the order reversed
+   every other round (each run timed by the script itself: the median step after the
+   warm-up),
+3. predicts every variant from THAT round's profile
+   (``dpro whatif TRACE --apply NAME --json``).
+
+Reported per round and as the median over rounds: predicted vs measured, the ratios each
+side against its own baseline (the replayed plain profile, the round's unprofiled plain
+run), and the plain job's profiled (replayed) vs unprofiled step in the same round.
+Every run (profiled and not) uses benchmarks/jobenv.py's setting (``--setting``, default
+``default_for("whatif")`` = ``threads1pin``: one compute thread, the process bound to one
+core, ``PINNED_INDEX=0``).
 
 The what-ifs' parameters are measured on this machine by microbenchmarks, never on the
 variant runs: the autocast times by ``benchmarks/amp_calibration.py --model MODEL`` (the
 model's own layer shapes; ``mixed_precision:absolute=1``), the optimizers' speed-ups by
 ``benchmarks/whatif/optimizer_calibration.py --model MODEL``.
 
-    .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--out /tmp/dpro-whatif-variants]
+    benchmarks/measure.sh .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -37,90 +48,139 @@ VARIANTS = {
     "sgd-fused": (["--optimizer", "sgd-fused"], "fused_optimizer:speedup={speedup}"),
 }
 
+#: glibc malloc never trims the heap nor serves large blocks by mmap (freed memory is reused)
+MALLOC_KEEP = "glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=4294967295"
 
-def _fid():
-    spec = importlib.util.spec_from_file_location("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity_run"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-def train(args: list[str], timing: Path | None = None) -> list[float]:
-    cmd = [sys.executable, str(SCRIPT), *args] + (["--timing-out", str(timing)] if timing else [])
-    subprocess.run(cmd, check=True, timeout=1200, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return json.loads(timing.read_text())["step_us"] if timing else []
+def round_order(names: list[str], r: int) -> list[str]:
+    """The unprofiled runs of round ``r``: the plain job then the variants, reversed every other round."""
+    order = ["plain", *names]
+    return order if r % 2 == 0 else order[::-1]
+
+
+def summarize(rounds: list[dict], names: list[str]) -> list[dict]:
+    """Per variant: the medians over rounds of the predicted and measured step, of the per-round
+    error and of the per-round ratios (each side against its own baseline)."""
+    rows = []
+    for name in names:
+        per = [rd["variants"][name] for rd in rounds]
+        rows.append({
+            "variant": name, "whatif": per[0]["whatif"],
+            "predicted_us": statistics.median(p["predicted_us"] for p in per),
+            "measured_us": statistics.median(p["measured_us"] for p in per),
+            "error_pct": statistics.median(p["error_pct"] for p in per),
+            "error_pct_rounds": [p["error_pct"] for p in per],
+            "predicted_ratio": statistics.median(p["predicted_ratio"] for p in per),
+            "measured_ratio": statistics.median(p["measured_ratio"] for p in per),
+            "ratio_error_pct": statistics.median(100 * (p["predicted_ratio"] / p["measured_ratio"] - 1) for p in per),
+        })
+    return rows
 
 
 def main() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import jobenv
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--runs", type=int, default=2, help="unprofiled runs per variant, each after a run of the plain job")
+    ap.add_argument("--rounds", type=int, default=5, help="paired rounds: profile, plain and variants unprofiled")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--profiles", type=int, default=3,
-                    help="profiles of the plain job (one after the other); the prediction is the median of theirs")
+    ap.add_argument("--setting", default=jobenv.default_for("whatif").name, choices=sorted(jobenv.SETTINGS),
+                    help="benchmarks/jobenv.py setting of every run, profiled or not")
+    ap.add_argument("--malloc", choices=["keep", "default"], default="keep",
+                    help="keep: every run with glibc's malloc trim and mmap thresholds at their maximum "
+                         "(GLIBC_TUNABLES), so freed tensors stay in the heap; default: glibc's own. Unprofiled, "
+                         "the MLP gives its freed memory back and faults it in again every step (392k minor "
+                         "faults in 80 steps against 106k profiled: the profiler's buffers keep the heap from "
+                         "being trimmed), which made it up to 60 %% slower than its own profile")
     ap.add_argument("--amp-factors", type=Path, default=None,
                     help="DPRO_AMP_FACTORS for the prediction (default: measured here by benchmarks/amp_calibration.py)")
     ap.add_argument("--optimizer-speedups", type=Path, default=None,
                     help="optimizer_calibration.py --json file (default: measured here first)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-variants"))
     o = ap.parse_args()
-    fid = _fid()
+    fid = _load("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
+    setting = jobenv.SETTINGS[o.setting]
+    names = o.variants.split(",")
     o.out.mkdir(parents=True, exist_ok=True)
+    # one process: pinned.py binds it to core PINNED_INDEX % cores (with the setting's pin)
+    job_env = dict(os.environ, PINNED_INDEX="0", **setting.env())
+    if o.malloc == "keep":  # the same heap behaviour profiled and unprofiled (see --malloc)
+        job_env["GLIBC_TUNABLES"] = MALLOC_KEEP
     base = ["--model", o.model, "--steps", str(o.steps), "--warmup", str(o.warmup)]
-    traces = [o.out / f"plain{k}" for k in range(o.profiles)]
-    for trace in traces:
-        if not trace.exists():
-            train([*base, "--profile-dir", str(trace)])
+
+    def train(args: list[str], timing: Path) -> list[float]:
+        cmd = [sys.executable, *setting.script(SCRIPT), *args, "--timing-out", str(timing)]
+        subprocess.run(cmd, check=True, timeout=1200, capture_output=True, env=job_env)
+        return json.loads(timing.read_text())["step_us"]
+
     factors = o.amp_factors or o.out / "amp_factors.json"
-    if not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
+    if "amp-bf16" in names and not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "amp_calibration.py"), "--repeats", "5",
                         "--model", o.model, "--json", str(factors)], check=True, capture_output=True, timeout=1800,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       env=job_env)
     speedups = o.optimizer_speedups or o.out / "optimizer_speedups.json"
     if not speedups.exists():
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "whatif" / "optimizer_calibration.py"),
                         "--model", o.model, "--json", str(speedups)], check=True, capture_output=True,
-                       timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       timeout=600, env=job_env)
     speedup = json.loads(speedups.read_text())["speedup"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_AMP_FACTORS=str(factors))
-    rows = []
-    for name in o.variants.split(","):
-        opts, spec = VARIANTS[name]
-        spec = spec.format(speedup=speedup.get(name, 1.0))
+    specs = {n: VARIANTS[n][1].format(speedup=speedup.get(n, 1.0)) for n in names}
+    dpro_env = dict(os.environ, PYTHONPATH=str(REPO), DPRO_AMP_FACTORS=str(factors))
+    rounds = []
+    for r in range(o.rounds):
         meter = fid.CpuMeter()
-        preds = [json.loads(subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(t), "--apply", spec,
-                                            "--json"], check=True, capture_output=True, text=True, env=env).stdout)
-                 for t in traces]
-        pred = {k: statistics.median(x[k] for x in preds) for k in ("predicted_iteration_us", "baseline_iteration_us")}
-        steps, plain, per_run = [], [], []
-        for k in range(o.runs):  # interleaved plain / variant: the machine's drift hits both sides alike
-            pl = train(base, o.out / f"plain_{name}_{k}.json")
-            va = train([*base, *opts], o.out / f"{name}_{k}.json")
-            plain += pl
-            steps += va
-            per_run.append(statistics.median(va))
-        meas = statistics.median(steps)
-        q = statistics.quantiles(steps, n=4)
-        rows.append({"variant": name, "whatif": spec, "predicted_us": pred["predicted_iteration_us"],
-                     "baseline_predicted_us": pred["baseline_iteration_us"], "measured_us": meas,
-                     "plain_measured_us": statistics.median(plain),
-                     "error_pct": 100 * (pred["predicted_iteration_us"] - meas) / meas,
-                     # against the drift of a shared machine: the change, each side against its own baseline
-                     "predicted_ratio": pred["predicted_iteration_us"] / pred["baseline_iteration_us"],
-                     "measured_ratio": meas / statistics.median(plain),
-                     "noise_pct": 100 * (q[2] - q[0]) / meas, "run_medians_us": per_run,
-                     "foreign_cpu_pct": meter.foreign_pct(), "load_avg_1m": os.getloadavg()[0]})
-    print(f"{'variant':14} {'what-if':30} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'plain ms':>9} "
-          f"{'pred x':>7} {'meas x':>7} {'noise %':>8} {'foreign %':>9}")
-    for r in rows:
-        print(f"{r['variant']:14} {r['whatif']:30} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} "
-              f"{r['error_pct']:+7.1f} {r['plain_measured_us'] / 1e3:9.2f} {r['predicted_ratio']:7.3f} "
-              f"{r['measured_ratio']:7.3f} {r['noise_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f}")
-    print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
-    (o.out / "results.json").write_text(json.dumps(rows, indent=1))
+        d = o.out / f"round{r}"
+        d.mkdir(exist_ok=True)
+        trace = d / "plain"
+        prof_steps = train([*base, "--profile-dir", str(trace)], d / "plain_profiled.json")
+        med = {}
+        for name in round_order(names, r):  # unprofiled, right after the profile
+            opts = [] if name == "plain" else VARIANTS[name][0]
+            med[name] = statistics.median(train([*base, *opts], d / f"{name}.json"))
+        foreign = meter.foreign_pct()
+        rd = {"round": r, "order": round_order(names, r), "plain_unprofiled_us": med["plain"],
+              "plain_profiled_run_us": statistics.median(prof_steps), "foreign_cpu_pct": foreign, "variants": {}}
+        for name in names:
+            pred = json.loads(subprocess.run(
+                [sys.executable, "-m", "dpro.cli", "whatif", str(trace), "--apply", specs[name], "--json"],
+                check=True, capture_output=True, text=True, env=dpro_env).stdout)
+            p, b, m = pred["predicted_iteration_us"], pred["baseline_iteration_us"], med[name]
+            rd["plain_replayed_us"] = b
+            rd["variants"][name] = {"whatif": specs[name], "predicted_us": p, "measured_us": m,
+                                    "error_pct": 100 * (p - m) / m, "predicted_ratio": p / b,
+                                    "measured_ratio": m / med["plain"]}
+        rounds.append(rd)
+        print(f"round {r} ({' '.join(rd['order'])}): plain replayed {rd['plain_replayed_us'] / 1e3:.2f} ms, "
+              f"profiled run {rd['plain_profiled_run_us'] / 1e3:.2f}, unprofiled {med['plain'] / 1e3:.2f}; "
+              + ", ".join(f"{n} {v['predicted_us'] / 1e3:.2f}/{v['measured_us'] / 1e3:.2f} ms {v['error_pct']:+.1f} %"
+                          for n, v in rd["variants"].items()) + f"; foreign {foreign or 0:.0f} %", flush=True)
+    rows = summarize(rounds, names)
+    print(f"{'variant':14} {'what-if':34} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'pred x':>7} {'meas x':>7} "
+          f"{'x err %':>7}  per-round err %")
+    for x in rows:
+        print(f"{x['variant']:14} {x['whatif']:34} {x['predicted_us'] / 1e3:9.2f} {x['measured_us'] / 1e3:9.2f} "
+              f"{x['error_pct']:+7.1f} {x['predicted_ratio']:7.3f} {x['measured_ratio']:7.3f} "
+              f"{x['ratio_error_pct']:+7.1f}  " + " ".join(f"{e:+.1f}" for e in x["error_pct_rounds"]))
+    pl = [rd["plain_unprofiled_us"] for rd in rounds]
+    rp = [rd["plain_replayed_us"] for rd in rounds]
+    print(f"plain: replayed profile {statistics.median(rp) / 1e3:.2f} ms vs unprofiled {statistics.median(pl) / 1e3:.2f} "
+          f"ms (median of per-round ratio x{statistics.median(a / b for a, b in zip(rp, pl)):.3f}); unprofiled "
+          f"{min(pl) / 1e3:.2f}-{max(pl) / 1e3:.2f} ms across rounds")
+    print(f"({os.cpu_count()} cores, setting {o.setting}, malloc {o.malloc}, load average {os.getloadavg()[0]:.1f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    (o.out / "results.json").write_text(json.dumps({"setting": o.setting, "malloc": o.malloc, "model": o.model, "rows": rows,
+                                                     "rounds": rounds}, indent=1))
 
 
 if __name__ == "__main__":

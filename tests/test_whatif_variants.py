@@ -1,0 +1,63 @@
+"""benchmarks/whatif/variants.py's paired rounds, and examples/whatif/train_variant.py end to end
+(a real one-process torch job, profiled, then `dpro whatif --apply fused_optimizer`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _variants():
+    spec = importlib.util.spec_from_file_location("whatif_variants", REPO / "benchmarks" / "whatif" / "variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_round_order_alternates():
+    v = _variants()
+    assert v.round_order(["a", "b"], 0) == ["plain", "a", "b"]
+    assert v.round_order(["a", "b"], 1) == ["b", "a", "plain"]
+    assert v.round_order(["a", "b"], 2) == ["plain", "a", "b"]
+
+
+def test_summarize_medians_over_rounds():
+    v = _variants()
+
+    def rd(p, m, b, plain):
+        return {"variants": {"x": {"whatif": "w", "predicted_us": p, "measured_us": m, "error_pct": 100 * (p - m) / m,
+                                   "predicted_ratio": p / b, "measured_ratio": m / plain}}}
+
+    # round errors: +10 %, -20 %, 0 % -> median 0 %; predicted 110, 80, 100 -> 100; measured 100, 100, 100
+    rounds = [rd(110, 100, 100, 100), rd(80, 100, 100, 125), rd(100, 100, 200, 50)]
+    (row,) = v.summarize(rounds, ["x"])
+    assert row["predicted_us"] == 100 and row["measured_us"] == 100
+    assert row["error_pct"] == pytest.approx(0.0)
+    assert row["error_pct_rounds"] == pytest.approx([10.0, -20.0, 0.0])
+    # ratios: predicted 1.1, 0.8, 0.5 -> 0.8; measured 1.0, 0.8, 2.0 -> 1.0; ratio errors +10, 0, -75 % -> 0
+    assert row["predicted_ratio"] == pytest.approx(0.8)
+    assert row["measured_ratio"] == pytest.approx(1.0)
+    assert row["ratio_error_pct"] == pytest.approx(0.0)
+
+
+def test_train_variant_profile_then_whatif(tmp_path):
+    trace, timing = tmp_path / "plain", tmp_path / "t.json"
+    subprocess.run([sys.executable, str(REPO / "examples" / "whatif" / "train_variant.py"), "--model", "mlp",
+                    "--steps", "5", "--warmup", "2", "--active", "2", "--profile-dir", str(trace),
+                    "--timing-out", str(timing)], check=True, capture_output=True, timeout=300)
+    assert (trace / "rank0.json.gz").exists()
+    assert len(json.loads(timing.read_text())["step_us"]) == 3
+    out = subprocess.run([sys.executable, "-m", "dpro.cli", "whatif", str(trace), "--apply",
+                          "fused_optimizer:speedup=2", "--json"], check=True, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = json.loads(out.stdout)
+    # a 2x faster optimizer shortens the step, by less than the whole step
+    assert 0 < r["predicted_iteration_us"] < r["baseline_iteration_us"]
