@@ -28,7 +28,6 @@ table and the speed-ups.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -40,15 +39,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(REPO / "benchmarks"))
+from scriptload import load_script  # noqa: E402
 
-
-psh = _load("whatif_ps", HERE / "ps.py")  # its job helpers, calibration and loaders (it sets up sys.path)
+psh = load_script("whatif_ps", HERE / "ps.py")  # its job helpers, calibration and loaders (it sets up sys.path)
 import jobenv  # noqa: E402
 
 

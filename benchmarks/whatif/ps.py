@@ -26,7 +26,6 @@ link and ports measured behind the cap.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -39,15 +38,11 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))  # this checkout's dpro (the calibration)
 import jobenv  # noqa: E402  (the jobs' thread and pinning settings, shared with the other harnesses)
+from scriptload import load_script  # noqa: E402
 
 
 def _load(name: str, path: Path):
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(name, path, add_dir=True)
 
 
 def _steps(timing: Path, skip: int) -> list[float]:

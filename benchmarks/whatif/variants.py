@@ -30,7 +30,6 @@ model's own layer shapes; ``mixed_precision:absolute=1``), the optimizers' speed
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -50,14 +49,6 @@ VARIANTS = {
 
 #: glibc malloc never trims the heap nor serves large blocks by mmap (freed memory is reused)
 MALLOC_KEEP = "glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=4294967295"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def round_order(names: list[str], r: int) -> list[str]:
@@ -88,6 +79,7 @@ def summarize(rounds: list[dict], names: list[str]) -> list[dict]:
 def main() -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     import jobenv
+    from scriptload import load_script
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
@@ -109,7 +101,7 @@ def main() -> None:
                     help="optimizer_calibration.py --json file (default: measured here first)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif-variants"))
     o = ap.parse_args()
-    fid = _load("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
+    fid = load_script("fidelity_run", REPO / "benchmarks" / "fidelity" / "run.py")
     setting = jobenv.SETTINGS[o.setting]
     names = o.variants.split(",")
     o.out.mkdir(parents=True, exist_ok=True)
