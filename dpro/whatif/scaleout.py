@@ -464,13 +464,18 @@ class _Piece:
     bytes: int
 
 
+def _key_of(job: Job) -> dict[str, int]:
+    """Tensor name -> kvstore key, from the first worker's recorded key map."""
+    from dpro.optimizer.ps.layout import key_index
+
+    return key_index(next((nt for nt in job.trace.nodes.values() if nt.info.role == "worker"), None))
+
+
 def _ps_pieces(job: Job, g: WhatIfGraph, servers: int) -> tuple[dict[str, list[_Piece]], int]:
     """Per gradient (tensor base name): its pieces for ``servers`` servers by MXNet's rule."""
     from dpro.optimizer.ps.layout import base_name, mxnet_home
 
-    w = next(nt for nt in job.trace.nodes.values() if nt.info.role == "worker")
-    keymap = w.meta.get("keys") if isinstance(w.meta.get("keys"), dict) else {}
-    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    key_of = _key_of(job)
     bound = int(job.trace.manifest.meta.get("bigarray_bound") or DEFAULT_BOUND) if isinstance(
         getattr(job.trace.manifest, "meta", None), dict) else DEFAULT_BOUND
     total: dict[str, int] = {}
@@ -490,9 +495,7 @@ def ps_key_sizes(job: Job) -> list[int]:
     """The bytes a worker step pushes of each key, in the order of the job's keys (its
     recorded key map, else the gradients' names): the message mix of the job, for the port
     calibration (:func:`dpro.whatif.calibrate_ps.measure_port`)."""
-    w = next((nt for nt in job.trace.nodes.values() if nt.info.role == "worker"), None)
-    keymap = w.meta.get("keys") if w is not None and isinstance(w.meta.get("keys"), dict) else {}
-    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    key_of = _key_of(job)
     pieces, _ = _ps_pieces(job, _workers(job)[0], 1)  # the representative worker's step
     order = sorted(pieces, key=lambda n: (key_of.get(n, len(key_of)), n))
     return [sum(p.bytes for p in pieces[n]) for n in order]
@@ -536,9 +539,7 @@ def _ps_p3_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     by_key: dict[str, list[Op]] = {}
     for op in list(g.select(lambda o: o.attrs.get("sub_op") in ("PUSH_REQ", "PULL_RES"))):
         by_key.setdefault(base_name(op.attrs.get("tensor") or op.name), []).append(op)
-    w = next(nt for nt in job.trace.nodes.values() if nt.info.role == "worker")
-    keymap = w.meta.get("keys") if isinstance(w.meta.get("keys"), dict) else {}
-    index = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    index = _key_of(job)
     # layer order: the framework's key order (gluon: the parameters' order, first layer first)
     order = sorted(by_key, key=lambda n: (index.get(n, len(index)), n))
     producers: set[int] = set()

@@ -70,12 +70,18 @@ def server_of(op_id: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def key_index(rep: NodeTrace | None) -> dict[str, int]:
+    """Tensor name -> its kvstore key, from the key map the recorder kept in ``rep.meta``
+    (empty without one)."""
+    keymap = rep.meta.get("keys") if rep is not None and isinstance(rep.meta.get("keys"), dict) else {}
+    return {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+
+
 def layout(rep: NodeTrace, names: list[str], sizes: list[int], shapes: list[tuple[int, ...]],
            seen: list[list[int]], servers: int, bound: int) -> tuple[PsLayout, list[str]]:
     """The layout of units ``names`` (their bytes, shapes and the servers the profile sent
     them to); notes where the profile does not follow MXNet's placement rule."""
-    keymap = rep.meta.get("keys") if isinstance(rep.meta.get("keys"), dict) else {}
-    key_of = {str(v): int(k) for k, v in keymap.items() if str(k).isdigit()}
+    key_of = key_index(rep)
     keys, elements, home, notes = [], [], [], []
     for name, nbytes, shape, srv in zip(names, sizes, shapes, seen):
         key = key_of.get(name)
