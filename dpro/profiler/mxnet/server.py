@@ -79,14 +79,10 @@ def run_ps_node() -> None:
     """Run this process as the PS scheduler or server (``DMLC_ROLE``), with update timing.
 
     ``import mxnet`` on a server/scheduler normally runs MXNet's server loop right away;
-    here the role is hidden during the import and the loop is started with a controller
-    that wraps the optimizer's updater (the same commands as MXNet's own controller).
+    here the role is hidden during the import and MXNet's own server loop and controller
+    run, with the updater they install wrapped for timing. dpro does not decode the
+    controller's commands itself (the optimizer arrives in MXNet's own encoding).
     """
-    # MXNet's own server protocol: the workers send the optimizer pickled, and MXNet's
-    # KVStoreServer unpickles it the same way. This is the live job's control channel, not
-    # trace input (dpro never unpickles anything it reads from a trace).
-    import pickle
-
     role = os.environ.get("DMLC_ROLE", "")
     if role not in ("server", "scheduler"):
         raise SystemExit(f"run_ps_node: DMLC_ROLE must be server or scheduler, not {role!r}")
@@ -101,16 +97,21 @@ def run_ps_node() -> None:
     kv = mx.kv.create("dist")
 
     class _Server(KVStoreServer):
+        """MXNet's server: its controller sets the updater; each one it sets is timed."""
+
+        def __init__(self, kvstore: Any) -> None:
+            super().__init__(kvstore)
+            self.init_logginig = True  # (sic, MXNet's name) keep MXNet from making the root logger DEBUG
+            set_updater = kvstore._set_updater
+            kvstore._set_updater = lambda updater: set_updater(rec.wrap(updater))
+
         def _controller(self):  # type: ignore[no-untyped-def]
-            def ctl(cmd_id: int, cmd_body: bytes, _: Any) -> None:
-                if cmd_id == 0:
+            mxnet_ctl = super()._controller()
+
+            def ctl(cmd_id: int, cmd_body: bytes, arg: Any) -> None:
+                if cmd_id == 0:  # the optimizer (kController): its updater is about to be set
                     rec.rank = int(self.kvstore.rank)  # only while the server runs
-                    # MXNet's own protocol, as in its KVStoreServer: the job's workers send their
-                    # optimizer pickled (kv.set_optimizer) to the live server; never trace input
-                    opt = pickle.loads(cmd_body)
-                    self.kvstore._set_updater(rec.wrap(mx.optimizer.get_updater(opt)))
-                else:
-                    log.warning("server %d: unknown command %d", self.kvstore.rank, cmd_id)
+                mxnet_ctl(cmd_id, cmd_body, arg)
             return ctl
 
     _Server(kv).run()
