@@ -20,8 +20,9 @@ backward has no input-gradient matmul) and a class's factor is the ratio of the 
 times (autocast / fp32): the factor the pass applies to the class's summed own time. The
 factors depend on the shapes (which gemm kernel runs) much more under an emulated bf16
 than with native support. ``--model`` also writes the summed times per class (``times_us``:
-autocast and fp32, µs per step), which ``dpro whatif --apply mixed_precision:absolute=1``
-uses instead of the factors. On a GPU pass ``--device cuda --dtype float16``.
+autocast and fp32, µs per step), which ``dpro whatif --apply mixed_precision:absolute=1`` (or ``auto=1``)
+uses instead of the factors, and each layer's four times (``layers``: fp32 forward, autocast forward,
+fp32 backward, autocast backward, µs). On a GPU pass ``--device cuda --dtype float16``.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def calibrate(device: str = "cpu", dtype_name: str = "bfloat16", repeats: int = 
             bw = sum(r[3] for r in rows) / sum(r[2] for r in rows)
             if times is not None:
                 times[cls] = {"FW": round(sum(r[1] for r in rows), 1), "BW": round(sum(r[3] for r in rows), 1),
-                              "FW_fp32": round(sum(r[0] for r in rows), 1), "BW_fp32": round(sum(r[2] for r in rows), 1)}
+                              "FW_fp32": round(sum(r[0] for r in rows), 1), "BW_fp32": round(sum(r[2] for r in rows), 1),
+                              "layers": [[round(x, 1) for x in r] for r in rows]}
         else:
             fw = statistics.median(r[1] / r[0] for r in rows)
             bw = statistics.median(r[3] / r[2] for r in rows)
@@ -162,7 +164,7 @@ def main() -> None:
             f"{t['BW_fp32'] / 1e3:.2f} ms)" if t else ""))
     if args.json:
         d = {"device": args.device, "dtype": args.dtype, "model": args.model, "factors": f}
-        if times:  # for dpro whatif --apply mixed_precision:absolute=1
+        if times:  # for dpro whatif --apply mixed_precision:absolute=1 / auto=1
             d["times_us"] = times
         args.json.write_text(json.dumps(d, indent=1))
 

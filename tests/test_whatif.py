@@ -114,6 +114,18 @@ def test_mixed_precision_factors_and_absolute(tmp_path, monkeypatch):
     mixed_precision(g, absolute=1)
     assert [round(op.dur, 6) for op in sorted(g.select(lambda o: True), key=lambda o: o.id)] == [50, 150, 5, 1000]
     assert g.simulate().iteration_us == pytest.approx(1205)
+    # auto: forward native (autocast 60 < fp32 80 µs: x0.75 on the profile's 10 + 30), backward
+    # emulated (1000 > fp32 100: the calibrated 1000 in all, as absolute)
+    cal.write_text('{"factors": {"matmul": {"FW": 0.75, "BW": 10}}, "times_us": {"matmul": '
+                   '{"FW": 60, "BW": 1000, "FW_fp32": 80, "BW_fp32": 100}}}')
+    g = _amp_graph()
+    mixed_precision(g, auto=1)
+    assert [round(op.dur, 6) for op in sorted(g.select(lambda o: True), key=lambda o: o.id)] == [7.5, 22.5, 5, 1000]
+    assert g.simulate().iteration_us == pytest.approx(1035)
+    g = _amp_graph()  # without fp32 times (an older calibration): absolute
+    cal.write_text('{"factors": {"matmul": {"FW": 2, "BW": 10}}, "times_us": {"matmul": {"FW": 200, "BW": 1000}}}')
+    mixed_precision(g, auto=1)
+    assert g.simulate().iteration_us == pytest.approx(1205)
     cal.write_text('{"factors": {"matmul": {"FW": 2, "BW": 10}}}')
     from dpro.errors import DproInputError
 

@@ -21,7 +21,7 @@ core, ``PINNED_INDEX=0``).
 
 The what-ifs' parameters are measured on this machine by microbenchmarks, never on the
 variant runs: the autocast times by ``benchmarks/amp_calibration.py --model MODEL`` (the
-model's own layer shapes; ``mixed_precision:absolute=1``), the optimizers' speed-ups by
+model's own layer shapes; ``mixed_precision:auto=1``: absolute times where the bf16 kernel is emulated, else their ratio), the optimizers' speed-ups by
 ``benchmarks/whatif/optimizer_calibration.py --model MODEL``.
 
     benchmarks/measure.sh .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--rounds 5]
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "whatif" / "train_variant.py"
 #: variant -> (train_variant.py options, what-if to apply; {speedup}: optimizer_calibration.py's)
 VARIANTS = {
-    "amp-bf16": (["--amp"], "mixed_precision:absolute=1"),
+    "amp-bf16": (["--amp"], "mixed_precision:auto=1"),
     "sgd-foreach": (["--optimizer", "sgd-foreach"], "fused_optimizer:speedup={speedup}"),
     "sgd-fused": (["--optimizer", "sgd-fused"], "fused_optimizer:speedup={speedup}"),
 }

@@ -40,7 +40,7 @@ def network(g: WhatIfGraph, bandwidth: float = 1.0, latency: float = 1.0) -> Non
 
 
 @whatif("mixed_precision")
-def mixed_precision(g: WhatIfGraph, factors: dict | None = None, absolute: float = 0) -> None:
+def mixed_precision(g: WhatIfGraph, factors: dict | None = None, absolute: float = 0, auto: float = 0) -> None:
     """torch.autocast: the matmul/conv/attention ops scaled by the factors of the
     ``mixed_precision`` pass (:mod:`dpro.passes.mixed_precision`, measured per op class).
 
@@ -50,17 +50,30 @@ def mixed_precision(g: WhatIfGraph, factors: dict | None = None, absolute: float
     profiled time) instead of their profiled time times the factor. For low-precision
     kernels whose time does not depend on what slowed the profile down (an emulated bf16
     gemm is compute-bound, the fp32 one it replaces memory-bound), a factor would carry the
-    profile's slow-down into the prediction."""
+    profile's slow-down into the prediction.
+
+    ``auto=1``: the same calibration, per class and direction: where autocast was slower
+    than fp32 in it (an emulated low-precision kernel, compute-bound: ``absolute``), the
+    calibrated autocast time in all; where it was faster (a native kernel of the same
+    shape, which the profile's memory and cache state slow down alike), the profile's time
+    times the calibrated ratio, autocast / fp32. The microbenchmark's layers alone run in
+    another context than the job's (here fp32 1.3-1.6x slower than the same layers in the
+    job's profile), which an absolute time would carry into the prediction."""
     from dpro.passes.mixed_precision import load_factors, load_times, op_class
 
-    if absolute:
+    if absolute or auto:
         times = load_times()
         for cls, by_dir in times.items():
             for d in ("FW", "BW"):
                 sel = g.select(lambda op, c=cls, d=d: op.cat == d and op_class(op.name) == c)
                 total = sum(op.dur for op in sel)
-                if total > 0 and d in by_dir:
-                    sel.scale(float(by_dir[d]) / total)
+                if total <= 0 or d not in by_dir:
+                    continue
+                low, fp32 = float(by_dir[d]), float(by_dir.get(f"{d}_fp32", 0.0))
+                if auto and 0 < low <= fp32:  # native: the calibrated ratio on the profile's time
+                    sel.scale(low / fp32)
+                else:
+                    sel.scale(low / total)
         return
     f = factors or load_factors()
     for cls, by_dir in f.items():
