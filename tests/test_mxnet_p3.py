@@ -19,13 +19,13 @@ MX = REPO / ".venv-mx" / "bin"
 STEPS = 6
 
 
-def _losses(tmp: Path, *extra: str) -> list[dict]:
+def _losses(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> list[dict]:
     out = tmp / "timing"
     cmd = [str(MX / "python"), "examples/mxnet/launch_local.py", "-n", "2", "-s", "1", "--timeout", "120", "--",
            "examples/mxnet/train_ps.py", "--model", "mlp", "--steps", str(STEPS), "--losses",
            "--timing-out", str(out), *extra]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "DPRO_DISABLE": "1", "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "DPRO_DISABLE": "1", "PYTHONPATH": str(REPO), **(env or {})})
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return [json.loads(p.read_text()) for p in sorted(out.glob("timing_rank*.json"))]
 
@@ -57,3 +57,19 @@ def test_slice_bytes_needs_p3():
     r = subprocess.run([str(MX / "python"), "examples/mxnet/train_ps.py", "--p3", "--slice-bytes", "2"], cwd=REPO,
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and "must be >= 4" in r.stderr
+
+
+@pytest.mark.slow
+def test_p3_stamps(tmp_path):
+    """DPRO_P3_STAMPS=1 (benchmarks/whatif/p3_probe.py): per step, start < backward end <=
+    slices issued; each pull lands after its step's backward end and before it is copied
+    into the weight; the job still exits 0 (the watching thread is stopped first)."""
+    if not (MX / "python").is_file():
+        pytest.skip("no .venv-mx (run scripts/setup_mxnet.sh, or `make mxnet`)")
+    for t in _losses(tmp_path, "--p3", "--slice-bytes", "262144", env={"DPRO_P3_STAMPS": "1"}):
+        assert len(t["p3_stamps"]) == len(t["p3_landed"]) == len(t["p3_issue_cpu_us"]) == STEPS
+        for (start, bw, issued), landed in zip(t["p3_stamps"], t["p3_landed"]):
+            assert start < bw <= issued
+            assert len(landed) == 6 and bw < landed[0]
+            assert all(landed[i] <= landed[i + 1] for i in (0, 2, 4))  # landed, then copied
+        assert all(c >= 0 for c in t["p3_issue_cpu_us"])

@@ -21,6 +21,10 @@ point of a step is the wait for its backward (every gradient ready, :func:`P3.st
 before its slices are pushed, so a step's wall clock runs from one backward's end to the
 next in steady state: the step period, with the pulls overlapping the next forward.
 ``--losses`` adds each step's mean loss to the timing file (read after the timed step).
+``DPRO_P3_STAMPS=1`` (opt-in, ``--p3``) adds per step, in µs of ``time.perf_counter``: the step's
+start (forward issued), the backward's end (every gradient ready) and the end of issuing
+its slices' copies, pushes and pulls (``p3_stamps``), and the CPU time of the issuing
+loop on this thread (``p3_issue_cpu_us``).
 """
 
 from __future__ import annotations
@@ -101,6 +105,10 @@ class P3:
 
     def __init__(self, params: list, kv, batch: int, slice_bytes: int) -> None:
         self.params, self.kv = params, kv
+        #: DPRO_P3_STAMPS=1: per step (backward end, issue end, issue CPU) in µs
+        self.stamps: list[tuple[float, float, float]] | None = [] if os.environ.get("DPRO_P3_STAMPS") == "1" else None
+        #: DPRO_P3_STAMPS=1: per step, pull landed / copied into the weight, of 3 slices (:meth:`_watcher`)
+        self.landed: dict[int, list[float]] = {}
         # the optimizer gluon's Trainer sends to the servers (update_on_kvstore), per slice key
         kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, rescale_grad=1.0 / batch))
         #: (key, priority, flat gradient slice, its copy that is pushed, flat weight slice)
@@ -114,6 +122,13 @@ class P3:
         # every worker starts from the same weights (mx.random.seed(0)); rank 0's go to the servers
         kv.init([s[0] for s in self.slices], [s[4] for s in self.slices])
         mx.nd.waitall()
+        if self.stamps is not None:
+            import queue
+            import threading
+
+            self.watch: queue.Queue[int | None] = queue.Queue()
+            self.watcher = threading.Thread(target=self._watcher, daemon=True)
+            self.watcher.start()
 
     def step(self) -> None:
         """Push every slice (first layers first), pull it into the weight. Waits for the
@@ -121,12 +136,39 @@ class P3:
         order, which stock ps-lite then sends first-in first-out."""
         for p in self.params:
             p.grad().wait_to_read()
+        if self.stamps is not None:
+            t_bw, c0 = time.perf_counter(), time.thread_time()
         for key, prio, g, buf, w in self.slices:
             # a copy of its own: the kvstore keeps the pushed array as the key's receive
             # buffer, and views of one gradient share one engine variable (serialized pulls)
             g.copyto(buf)
             self.kv.push(key, buf, priority=prio)
             self.kv.pull(key, out=w, priority=prio)
+        if self.stamps is not None:
+            self.stamps.append((t_bw * 1e6, time.perf_counter() * 1e6, (time.thread_time() - c0) * 1e6))
+            self.watch.put(len(self.stamps) - 1)
+
+    def _watcher(self) -> None:
+        """DPRO_P3_STAMPS: per step, for the first slice, the first layer's last slice and the
+        last slice, when its pull's answer landed in its receive buffer (the kvstore receives
+        a key into the array pushed for it, so the buffer's last write is the pull, issued
+        after its push is acknowledged) and when it was copied into the weight (a slice of
+        a weight shares the weight's engine variable: all of that layer's pending copies),
+        in µs of ``time.perf_counter``."""
+        lib = mx.base._LIB
+        last0 = max(i for i, s in enumerate(self.slices) if s[1] == self.slices[0][1])
+        watch = [self.slices[i] for i in (0, last0, len(self.slices) - 1)]
+        while True:
+            k = self.watch.get()
+            if k is None:  # the job's end (a thread blocked in the engine at exit crashes MXNet)
+                return
+            row = []
+            for _, _, _, buf, w in watch:
+                lib.MXNDArrayWaitToWrite(buf.handle)
+                row.append(time.perf_counter() * 1e6)
+                lib.MXNDArrayWaitToRead(w.handle)
+                row.append(time.perf_counter() * 1e6)
+            self.landed[k] = row
 
 
 def main() -> None:
@@ -190,13 +232,18 @@ def main() -> None:
     window = recorder.window
     total = a.steps or window.stop + 10
     times: list[float] = []
+    starts: list[float] = []
     for _ in range(total):
         t0 = time.perf_counter()
+        starts.append(t0 * 1e6)
         step()
         times.append((time.perf_counter() - t0) * 1e6)
         if a.losses:
             losses.append(float(last[0].asscalar()))
     mx.nd.waitall()
+    if a.p3 and p3.stamps is not None:
+        p3.watch.put(None)
+        p3.watcher.join()
     prof = [times[i] for i in window if i < len(times)]
     after = times[window.stop:]
     timing = {"rank": kv.rank, "num_workers": kv.num_workers, "model": a.model, "steps": len(times),
@@ -206,6 +253,10 @@ def main() -> None:
     if a.p3:
         timing["p3_slice_bytes"] = a.slice_bytes or P3_SLICE_BYTES
         timing["p3_slices"] = len(p3.slices)
+        if p3.stamps is not None:
+            timing["p3_stamps"] = [[t, b, i] for t, (b, i, _) in zip(starts, p3.stamps)]
+            timing["p3_issue_cpu_us"] = [c for _, _, c in p3.stamps]
+            timing["p3_landed"] = [p3.landed.get(k) for k in range(len(p3.stamps))]
     if a.losses:
         timing["loss"] = losses
     print(f"worker {kv.rank}: median step {timing['median_profiled_us']} us profiled, "
