@@ -127,3 +127,40 @@ def test_no_shallow_rank_changes_nothing():
     gt = _gtrace(r0, r1)
     fill_shallow_steps(gt, {0: {}, 1: {}})
     assert gt.manifest.steps == [3, 4] and not gt.notes and len(r1.events) == 4
+
+
+# ----------------------------------------------------------------------------- end to end
+
+@pytest.mark.slow
+def test_ddp_job_with_shallow_ranks(tmp_path, monkeypatch):
+    """`dpro profile` of a 2-rank DDP job: rank 1 records one call, the gTrace has the whole
+    window on both ranks (rank 1's later steps rank 0's), and the replay runs on it."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dpro.gtrace.io import load_gtrace
+    from dpro.replayer.replay import replay
+
+    repo = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("DPRO_SHALLOW_RANKS", "1")
+    out = tmp_path / "traces"
+    r = subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "2", "--steps", "3",
+                        "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(port),
+                        str(repo / "examples" / "pytorch" / "ddp_recorder.py"), "--model", "mlp", "--steps", "7"],
+                       cwd=repo, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta1 = json.loads((out / "raw" / "rank1.meta.json").read_text())
+    assert meta1[MetaKey.SHALLOW] == {"deep_steps": [2]}
+    assert MetaKey.SHALLOW not in json.loads((out / "raw" / "rank0.meta.json").read_text())
+    gt = load_gtrace(out)
+    assert gt.manifest.steps == [2, 3, 4]
+    w0, w1 = gt.workers()
+    assert w1.steps[4][1] == w0.steps[4][1] and w1.steps[2][1] != w0.steps[2][1]
+    res = replay(gt)
+    assert res.predicted_iteration_us > 0 and abs(res.error_pct) <= 25.0, res.to_json()
