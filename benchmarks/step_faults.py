@@ -8,10 +8,17 @@ the same on- and off-runs), and writes them to ``OUT/faults_rank<r>.json``; the 
 prints, per variant, the mean faults per step of each phase (warm-up without its first
 call, the window, the calls after it), averaged over ranks and runs.
 
+With ``--cpu`` it also prints, per step, each rank's CPU time (µs, user + system) split into
+the main thread (``RUSAGE_THREAD``) and the process's other threads (gloo's, the profiler's:
+``RUSAGE_SELF`` minus the main thread), and the main thread's voluntary and involuntary
+context switches: where a window's extra time goes when ranks share cores. CPU time is not a
+count: run it through benchmarks/measure.sh.
+
 Variants: ``on`` (`dpro profile`), ``off`` (``DPRO_DISABLE=1``), ``nodefer`` (`dpro profile`
 with ``DPRO_DEFER_WRITE=0``: the trace is exported in the window's last call, so the
 profiler's memory is freed before the calls after the window), ``offnotrim`` (off, with
-glibc's trim and mmap thresholds at 1 GB: freed memory is never handed back to the kernel).
+glibc's trim and mmap thresholds at 1 GB: freed memory is never handed back to the kernel),
+``ontoppad`` (on, with glibc's ``M_TOP_PAD`` at 64 MiB for the whole run: no heap shrunk).
 
     nice -n 19 .venv/bin/python benchmarks/step_faults.py --path hvd --rounds 2
 """
@@ -41,6 +48,7 @@ VARIANTS = {
     "on": (True, {}),
     "off": (False, {}),
     "nodefer": (True, {"DPRO_DEFER_WRITE": "0"}),
+    "ontoppad": (True, {"MALLOC_TOP_PAD_": str(64 << 20)}),  # on, glibc's heaps kept all run
     "offnotrim": (False, {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}),
 }
 
@@ -50,17 +58,24 @@ def wrap_main(out: str, argv: list[str]) -> None:
     import dpro.profiler.recorder as rec
 
     faults: list[int] = []
+    cpu: dict[str, list[float]] = {"main_us": [], "other_us": [], "nvcsw": [], "nivcsw": []}
     orig = rec.Recorder.wrap
 
     def wrap(self, fn):  # type: ignore[no-untyped-def]
         inner = orig(self, fn)
 
         def step(*a, **k):  # type: ignore[no-untyped-def]
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            p0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_THREAD)
             try:
                 return inner(*a, **k)
             finally:
-                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+                p1, t1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_THREAD)
+                faults.append(p1.ru_minflt - p0.ru_minflt)
+                main = (t1.ru_utime + t1.ru_stime - t0.ru_utime - t0.ru_stime) * 1e6
+                cpu["main_us"].append(main)
+                cpu["other_us"].append((p1.ru_utime + p1.ru_stime - p0.ru_utime - p0.ru_stime) * 1e6 - main)
+                cpu["nvcsw"].append(t1.ru_nvcsw - t0.ru_nvcsw)
+                cpu["nivcsw"].append(t1.ru_nivcsw - t0.ru_nivcsw)
         return step
 
     rec.Recorder.wrap = wrap  # type: ignore[method-assign]
@@ -69,19 +84,19 @@ def wrap_main(out: str, argv: list[str]) -> None:
         sys.argv = argv
         runpy.run_path(argv[0], run_name="__main__")
     finally:
-        Path(out, f"faults_rank{rank}.json").write_text(json.dumps({"rank": int(rank), "minflt": faults}))
+        Path(out, f"faults_rank{rank}.json").write_text(json.dumps({"rank": int(rank), "minflt": faults, **cpu}))
 
 
-def command(path: str, variant: str, run_dir: Path, port: int) -> tuple[list[str], dict[str, str]]:
+def command(path: str, variant: str, run_dir: Path, port: int, workers: int = 2) -> tuple[list[str], dict[str, str]]:
     on, extra = VARIANTS[variant]
     py = str(REPO / ".venv" / "bin" / "python")
     settings = jobenv.default_for(path)
     rank_cmd = [py, str(Path(__file__).resolve()), "--wrap", str(run_dir), *settings.script(SCRIPTS[path]),
                 "--model", "mlp" if path == "hvd" else "transformer", "--steps", str(WARMUP + STEPS + AFTER)]
     if path == "hvd":
-        cmd = [str(REPO / ".venv" / "bin" / "horovodrun"), "-np", "2", "--gloo", "-H", "localhost:2", *rank_cmd]
+        cmd = [str(REPO / ".venv" / "bin" / "horovodrun"), "-np", str(workers), "--gloo", "-H", f"localhost:{workers}", *rank_cmd]
     else:
-        cmd = [str(REPO / ".venv" / "bin" / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        cmd = [str(REPO / ".venv" / "bin" / "torchrun"), "--nproc_per_node", str(workers), "--master_addr", "127.0.0.1",
                "--master_port", str(port), *rank_cmd[1:]]
     if on:
         cmd = [py, "-m", "dpro.cli", "profile", "-o", str(run_dir / "trace"), "--force", "--warmup", str(WARMUP),
@@ -92,7 +107,7 @@ def command(path: str, variant: str, run_dir: Path, port: int) -> tuple[list[str
     return cmd, env
 
 
-def phases(faults: list[int]) -> dict[str, float]:
+def phases(faults: list[float]) -> dict[str, float]:
     spans = {"warm-up": (1, WARMUP), "window": (WARMUP, WARMUP + STEPS), "after": (WARMUP + STEPS, None)}
     return {k: statistics.mean(faults[a:b]) for k, (a, b) in spans.items()}
 
@@ -105,26 +120,36 @@ def main() -> None:
     ap.add_argument("--path", default="hvd", choices=sorted(SCRIPTS))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cpu", action="store_true", help="also CPU time per step: main thread, other threads, "
+                    "context switches (a time: run through benchmarks/measure.sh)")
     a = ap.parse_args()
     names = [v for v in a.variants.split(",") if v]
-    per: dict[str, list[dict[str, float]]] = {v: [] for v in names}
+    keys = ["minflt", *(["main_us", "other_us", "nvcsw", "nivcsw"] if a.cpu else [])]
+    per: dict[str, dict[str, list[dict[str, float]]]] = {v: {k: [] for k in keys} for v in names}
     with tempfile.TemporaryDirectory(prefix="dpro-faults-") as tmp:
         for i in range(a.rounds):
             for v in names:
                 run_dir = Path(tmp) / f"{v}{i}"
                 run_dir.mkdir()
-                cmd, env = command(a.path, v, run_dir, 29900 + i * len(names) + names.index(v))
+                cmd, env = command(a.path, v, run_dir, 29900 + i * len(names) + names.index(v), a.workers)
                 rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     timeout=900).returncode
                 files = sorted(run_dir.glob("faults_rank*.json"))
-                if rc or len(files) != 2:
+                if rc or len(files) != a.workers:
                     print(f"# {v} round {i}: exit code {rc}, {len(files)} rank files", flush=True)
                     continue
-                per[v] += [phases(json.loads(f.read_text())["minflt"]) for f in files]
-    print(f"# {a.path}, 2 ranks, loopback, {a.rounds} rounds: minor page faults per step (mean over ranks and runs)")
-    for v, rows in per.items():
-        if rows:
-            print(f"{v:<10} " + "  ".join(f"{k} {statistics.mean(r[k] for r in rows):7.0f}" for k in rows[0]), flush=True)
+                for f in files:
+                    d = json.loads(f.read_text())
+                    for k in keys:
+                        per[v][k].append(phases(d[k]))
+    print(f"# {a.path}, {a.workers} ranks, loopback, {a.rounds} rounds: per step, mean over ranks and runs: "
+          f"{', '.join(keys)}")
+    for k in keys:
+        for v, by in per.items():
+            if by[k]:
+                print(f"{k:<9}{v:<10} " + "  ".join(f"{p} {statistics.mean(r[p] for r in by[k]):9.0f}"
+                                                   for p in by[k][0]), flush=True)
 
 
 if __name__ == "__main__":

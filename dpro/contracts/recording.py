@@ -80,6 +80,11 @@ ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
 #: copies, runtime calls: the timing), far cheaper (``dpro profile --cuda-light``;
 #: :func:`light_trace_name`, ``MetaKey.CUDA_LIGHT``)
 ENV_CUDA_LIGHT = "DPRO_CUDA_LIGHT"
+#: ``1``/``true``/``yes``, EXPERIMENTAL (a measurement of #31's design, docs/fidelity.md "DDP
+#: transformer at 4 workers: where the window's time goes"): PyTorch ranks other than 0 stop
+#: torch.profiler after the window's first call (rank 0 records the whole window). The replay
+#: takes those ranks' later steps from rank 0's (``MetaKey.SHALLOW``).
+ENV_SHALLOW_RANKS = "DPRO_SHALLOW_RANKS"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
 ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"
 #: where the NCCL plugin writes (read by the plugin, native/nccl_patch)
@@ -234,6 +239,10 @@ class MetaKey:
     #: PyTorch light mode (``ENV_CUDA_LIGHT``): ``{"structure_step": i, "steps": [...], "trace":
     #: light_trace_name(r)}``: the steps recorded CUDA-only, in :func:`light_trace_name`
     CUDA_LIGHT = "cuda_light"
+    #: ``ENV_SHALLOW_RANKS`` on a rank other than 0: ``{"deep_steps": [first window call]}``:
+    #: its profiler recorded that call only; the importer times its other window steps from
+    #: rank 0's (:func:`dpro.importers.recording.shallow.fill_shallow_steps`)
+    SHALLOW = "shallow"
 
 
 class TFRankKey:

@@ -16,6 +16,7 @@ from dpro.contracts.recording import (
     ENV_MEASURE_COMPILE,
     ENV_PROFILE_MEMORY,
     ENV_RECORD_SHAPES,
+    ENV_SHALLOW_RANKS,
     ENV_STEPS,
     ENV_TF_HOST_TRACER_LEVEL,
     ENV_TF_PRIME_STEPS,
@@ -62,6 +63,9 @@ class RecordConfig:
     #: PyTorch on CUDA: CPU operators in the window's first step only, CUDA activity alone in
     #: the others (``DPRO_CUDA_LIGHT``, ``dpro profile --cuda-light``; docs/profiling.md)
     cuda_light: bool = False
+    #: PyTorch, EXPERIMENTAL: ranks other than 0 stop the profiler after the window's first
+    #: call (``DPRO_SHALLOW_RANKS``; dpro/contracts/recording.py)
+    shallow_ranks: bool = False
     #: why recording is off although not disabled on purpose (a bad ``DPRO_*`` value)
     problem: str | None = None
 
@@ -84,6 +88,7 @@ class RecordConfig:
         memory = _env_bool(ENV_PROFILE_MEMORY, DEFAULT_PROFILE_MEMORY, problems)
         defer = _env_bool(ENV_DEFER_WRITE, True, problems)
         light = _env_bool(ENV_CUDA_LIGHT, False, problems)
+        shallow = _env_bool(ENV_SHALLOW_RANKS, False, problems)
         tf_level = _env_int(ENV_TF_HOST_TRACER_LEVEL, 2, 1, problems)
         if tf_level > 3:
             problems.append(f"{ENV_TF_HOST_TRACER_LEVEL}={tf_level} is outside 1..3")
@@ -110,6 +115,7 @@ class RecordConfig:
             tf_host_tracer_level=tf_level,
             tf_prime_steps=tf_prime,
             cuda_light=light,
+            shallow_ranks=shallow,
             problem="; ".join(problems) or None,
         )
 

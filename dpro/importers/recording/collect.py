@@ -31,6 +31,7 @@ from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.kineto import import_kineto
 from dpro.importers.kineto.shapes import LAYER_SHAPES
 from dpro.importers.recording.allocations import attach_allocations
+from dpro.importers.recording.shallow import fill_shallow_steps
 from dpro.gtrace.validate import MAX_WORLD_SIZE
 from dpro.jsonio import read_json, regular_file_problem
 
@@ -256,6 +257,7 @@ def _collect(raw: Path, progress: bool | None) -> GTrace:
         if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
             attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
     _light_steps(gt, raw, metas)  # CUDA-light ranks: their light steps replace the structure step
+    fill_shallow_steps(gt, metas)  # shallow ranks (DPRO_SHALLOW_RANKS): their later steps are rank 0's
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)

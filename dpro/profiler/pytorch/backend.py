@@ -155,6 +155,9 @@ class TorchBackend:
         self.light_steps: list[int] = []
         #: where the structure step's session was exported at the switch (light mode)
         self._struct_tmp: tempfile.TemporaryDirectory | None = None
+        #: ``config.shallow_ranks`` on a rank other than 0: the profiler was stopped after
+        #: the window's first call
+        self.shallow = False
         self.hooks: list[Any] = []
         self.steps: list[int] = []
         self.memory = MemoryWatch(model)
@@ -269,6 +272,16 @@ class TorchBackend:
         token.__exit__(None, None, None)  # type: ignore[attr-defined]
         if self.light and self.light_prof is None and len(self.steps) == 1 and self.config.steps > 1:
             self._go_light()
+        elif (self.config.shallow_ranks and not self.light and not self.shallow and len(self.steps) == 1
+              and self.config.steps > 1 and _rank_world()[0] != 0):
+            self._go_shallow()
+
+    def _go_shallow(self) -> None:
+        """EXPERIMENTAL (``config.shallow_ranks``), between two calls: stop this rank's
+        profiler after the window's first call; its later calls run unrecorded."""
+        self._remove_layer_hooks()
+        self.prof.stop()
+        self.shallow = True
 
     def _go_light(self) -> None:
         """After the structure step (between two calls, outside their timing): stop the
@@ -296,7 +309,7 @@ class TorchBackend:
         if self.light_prof is not None:
             torch.cuda.synchronize()  # the last step's kernels end inside the session
             self.light_prof.stop()
-        elif self.prof is not None:
+        elif self.prof is not None and not self.shallow:
             self.prof.stop()
         self.timeline.stop()
 
@@ -364,6 +377,8 @@ class TorchBackend:
             **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if backend == "horovod" else {}),
             # light mode: the calls recorded CUDA-only, and where (dpro.importers.kineto.light)
             **({MetaKey.CUDA_LIGHT: light} if light is not None else {}),
+            # shallow rank (DPRO_SHALLOW_RANKS): the calls its profiler recorded (dpro.importers.recording.shallow)
+            **({MetaKey.SHALLOW: {"deep_steps": self.steps[:1]}} if self.shallow else {}),
         })
         log.info("dpro: rank %d wrote its trace to %s", rank, out)
         self._drop_sessions()
