@@ -36,6 +36,18 @@ def test_defaults_and_bad_value(monkeypatch):
     assert not c.enabled and "DPRO_PROFILE_MEMORY" in (c.problem or "")
 
 
+@pytest.mark.parametrize("var,attr", [("DPRO_CUDA_LIGHT", "cuda_light"), ("DPRO_SHALLOW_RANKS", "shallow_ranks")])
+def test_opt_in_switches(monkeypatch, var, attr):
+    """Off unless set; a value that is not a yes/no turns recording off with the reason."""
+    monkeypatch.delenv(var, raising=False)
+    assert getattr(RecordConfig.resolve("o", None, None), attr) is False
+    monkeypatch.setenv(var, "1")
+    assert getattr(RecordConfig.resolve("o", None, None), attr) is True
+    monkeypatch.setenv(var, "perhaps")
+    c = RecordConfig.resolve("o", None, None)
+    assert not c.enabled and var in (c.problem or "")
+
+
 JOB = textwrap.dedent("""
     import sys, torch, dpro
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))

@@ -50,18 +50,6 @@ def test_rank0_records_the_whole_window(tmp_path, monkeypatch):
                                                                         "ProfilerStep#3"]
 
 
-def test_config(monkeypatch):
-    from dpro.profiler.config import RecordConfig
-
-    monkeypatch.delenv("DPRO_SHALLOW_RANKS", raising=False)
-    assert RecordConfig.resolve("o", None, None).shallow_ranks is False
-    monkeypatch.setenv("DPRO_SHALLOW_RANKS", "1")
-    assert RecordConfig.resolve("o", None, None).shallow_ranks is True
-    monkeypatch.setenv("DPRO_SHALLOW_RANKS", "some")
-    c = RecordConfig.resolve("o", None, None)
-    assert not c.enabled and "DPRO_SHALLOW_RANKS" in (c.problem or "")
-
-
 # ----------------------------------------------------------------------------- import
 
 def _node(rank: int, steps: dict[int, float], ops: tuple[str, ...] = ("a", "b")) -> NodeTrace:
