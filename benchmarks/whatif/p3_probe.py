@@ -34,8 +34,9 @@ import sys  # noqa: E402
 sys.path.insert(0, str(REPO / "benchmarks"))
 from scriptload import load_script  # noqa: E402
 
-psh = load_script("whatif_ps", HERE / "ps.py")
 import jobenv  # noqa: E402
+
+FIDELITY = REPO / "benchmarks" / "fidelity"
 
 _TC = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+) requeues \d+\)\s+backlog (\d+)b")
 _CLK = os.sysconf("SC_CLK_TCK")
@@ -64,9 +65,9 @@ def _threads() -> dict[str, dict]:
     return out
 
 
-def _qdiscs(n: int) -> dict[str, list[int]]:
-    """tbf counters ``[bytes, pkts, dropped, overlimits, backlog]`` of every rank's two directions."""
-    nn = psh._load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
+def _qdiscs(nn, n: int) -> dict[str, list[int]]:
+    """tbf counters ``[bytes, pkts, dropped, overlimits, backlog]`` of every rank's two directions
+    (``nn``: benchmarks/fidelity/netns.py, which names the links)."""
     out = {}
     for r in range(n):
         for side, cmd in (("to", ["tc", "-s", "qdisc", "show", "dev", nn.host_veth(r)]),
@@ -88,7 +89,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15, help="steps after the warm-up")
     ap.add_argument("--out", type=Path, required=True)
     o = ap.parse_args()
-    pj = psh._load("ps_jobs", REPO / "benchmarks" / "fidelity" / "ps_jobs.py")
+    pj = load_script("ps_jobs", FIDELITY / "ps_jobs.py", add_dir=True)
+    nn = load_script("netns", FIDELITY / "netns.py", add_dir=True)
     js = jobenv.default_for("mx")
     env = {**os.environ, "PYTHONPATH": str(REPO), "DPRO_DISABLE": "1", "DPRO_P3_STAMPS": "1"}
     cmd = js.apply(pj.job_cmd(o.model, o.workers, 1, o.out, pj.WARMUP + o.steps, o.cap_mbit))
@@ -102,7 +104,7 @@ def main() -> None:
 
     def sample() -> None:
         while not done.is_set():
-            samples.append((time.perf_counter() * 1e6, _threads(), _qdiscs(o.workers + 1)))
+            samples.append((time.perf_counter() * 1e6, _threads(), _qdiscs(nn, o.workers + 1)))
             time.sleep(0.5)
 
     th = threading.Thread(target=sample, daemon=True)
