@@ -26,6 +26,7 @@ import gzip
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,17 @@ def _cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+
+#: attribute of a DDP model that holds dpro's comm hook's :class:`_HookTarget`
+_HOOK_ATTR = "_dpro_comm_hook_target"
+
+
+@dataclass
+class _HookTarget:
+    """The recorder backend dpro's DDP comm hook reports to (the model's latest one)."""
+
+    backend: Any
+
 class TorchBackend:
     """Records one rank of a PyTorch job."""
 
@@ -169,15 +181,24 @@ class TorchBackend:
 
     # ---------------------------------------------------------------- DDP buckets
     def _install_comm_hook(self) -> None:
+        """Wrap DDP's all-reduce to name each bucket in the trace. DDP takes one comm hook per
+        model and cannot drop it, so the hook is registered once and follows the model's latest
+        recorder (:class:`_HookTarget`): a second ``dpro.Recorder`` on the same model (another
+        window in the same job) gets its buckets too."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not isinstance(self.model, DDP):
             return
+        target = getattr(self.model, _HOOK_ATTR, None)
+        if isinstance(target, _HookTarget):  # dpro's hook from an earlier recorder: repoint it
+            target.backend = self
+            return
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        backend = self
+        target = _HookTarget(self)
 
         def dpro_allreduce_hook(state, bucket):  # no annotations: DDP checks them
+            backend = target.backend
             if not backend.active:
                 return default_hooks.allreduce_hook(state, bucket)
             idx = bucket.index()
@@ -193,8 +214,10 @@ class TorchBackend:
 
         try:
             self.model.register_comm_hook(None, dpro_allreduce_hook)
-        except RuntimeError as e:  # a hook is already registered: buckets come from the trace only
+        except RuntimeError as e:  # the job's own hook is registered: buckets come from the trace only
             log.warning("dpro: cannot register the DDP bucket hook (%s); bucket membership will be unknown", e)
+            return
+        setattr(self.model, _HOOK_ATTR, target)
 
     # ---------------------------------------------------------------- layers
     def _install_layer_hooks(self) -> None:
