@@ -24,6 +24,7 @@ from dpro.importers.kineto.groups import _rank_groups, assign_gloo_groups
 from dpro.importers.kineto.p2p import OPEN_META, OpenP2P, p2p_key, peer_candidates, resolve_open
 from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, RankFile, check_rank_pattern, load_rank_file, trace_files
 from dpro.importers.kineto.shapes import LAYER_SHAPES, layer_shapes
+from dpro.importers.kineto.streams import name_rotating_streams
 from dpro.progress import progress_bar
 from dpro.importers.kineto.segments import (
     CommInfo, Seg, cpu_segments, cpu_threads, find_steps, gpu_segments, is_comm_kernel, step_markers,
@@ -177,6 +178,10 @@ def _rank_segments(rf: RankFile, notes: list[str]) -> tuple[dict[int, tuple[floa
         else:
             _assign_steps([k], steps)
             k.cat = k.cat or "OTHER"
+    rotating = name_rotating_streams(gpu)
+    if rotating:
+        notes.append(f"{rf.path.name}: {rotating} GPU streams each run work in few steps (torch's stream pool, e.g. "
+                     f"gloo's copies of CUDA tensors): named in each step by their order of first use (gpu0:r0, ...)")
     if early:
         notes.append(f"{rf.path.name}: {early} GPU ops launched before the capture began (correlation ids below "
                      f"every launch in the trace) are left out of the steps")
