@@ -95,7 +95,8 @@ def test_shallow_rank_gets_rank0s_later_steps_shifted():
 def test_mismatch_keeps_the_common_steps_with_a_note(r1, metas, why):
     r0 = _node(0, {3: 1000.0, 4: 1200.0})
     gt = _gtrace(r0, r1)
-    fill_shallow_steps(gt, metas)
+    unfilled = fill_shallow_steps(gt, metas)
+    assert unfilled and all(why in u for u in unfilled)  # collect refuses when no common step is left
     assert set(r1.steps) == {next(iter(r1.steps))}
     assert gt.manifest.steps == sorted(set(r0.steps) & set(r1.steps))
     assert any(why in n for n in gt.notes)
@@ -113,7 +114,7 @@ def test_different_op_counts_in_the_shared_step_refused():
 def test_no_shallow_rank_changes_nothing():
     r0, r1 = _node(0, {3: 0.0, 4: 200.0}), _node(1, {3: 0.0, 4: 210.0})
     gt = _gtrace(r0, r1)
-    fill_shallow_steps(gt, {0: {}, 1: {}})
+    assert fill_shallow_steps(gt, {0: {}, 1: {}}) == []
     assert gt.manifest.steps == [3, 4] and not gt.notes and len(r1.events) == 4
 
 

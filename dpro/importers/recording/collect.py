@@ -257,7 +257,10 @@ def _collect(raw: Path, progress: bool | None) -> GTrace:
         if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
             attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
     _light_steps(gt, raw, metas)  # CUDA-light ranks: their light steps replace the structure step
-    fill_shallow_steps(gt, metas)  # shallow ranks (DPRO_SHALLOW_RANKS): their later steps are rank 0's
+    # shallow ranks (DPRO_SHALLOW_RANKS): their later steps are rank 0's
+    if (unfilled := fill_shallow_steps(gt, metas)) and not gt.manifest.steps:
+        raise DproInputError(raw, f"{unfilled[0]}; no step is left that every rank recorded: profile again "
+                                  f"without DPRO_SHALLOW_RANKS")
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)

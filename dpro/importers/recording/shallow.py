@@ -38,21 +38,25 @@ def _mismatch(ref: NodeTrace, nt: NodeTrace, anchor: int) -> str | None:
     return None
 
 
-def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> None:
+def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> list[str]:
     """Give each shallow node rank 0's window steps that it did not record (module doc);
     notes say what was filled in or why not; ``gt.manifest.steps`` becomes the steps all
-    nodes now have."""
+    nodes now have. Returns the notes of the shallow nodes left as they were."""
     shallow = [nt for nt in gt.nodes.values() if MetaKey.SHALLOW in metas.get(nt.info.rank, {})]
+    failed: list[str] = []
     if not shallow:
-        return
+        return failed
     ref = next((nt for nt in gt.nodes.values() if nt.info.rank == 0 and nt not in shallow), None)
     for nt in shallow:
         common = sorted(set(nt.steps) & set(ref.steps)) if ref is not None else []
         why = ("no rank 0 that recorded the whole window" if ref is None
-               else "no step recorded by both" if not common else _mismatch(ref, nt, common[0]))
+               else (f"no step recorded by both (it has step(s) {sorted(nt.steps)}, {ref.info.name} replays "
+                     f"{sorted(ref.steps)}: a first call that differs from the later ones, as on a GPU, is left out)")
+               if not common else _mismatch(ref, nt, common[0]))
         if why is not None:
-            gt.notes.append(f"{nt.info.name}: shallow rank (DPRO_SHALLOW_RANKS): its later steps not taken from "
-                            f"rank 0's: {why}; the replay keeps the steps every rank recorded")
+            failed.append(f"{nt.info.name}: shallow rank (DPRO_SHALLOW_RANKS): its later steps not taken from "
+                          f"rank 0's: {why}")
+            gt.notes.append(f"{failed[-1]}; the replay keeps the steps every rank recorded")
             continue
         anchor = common[0]
         off = nt.steps[anchor][0] - ref.steps[anchor][0]
@@ -64,3 +68,4 @@ def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> None:
         gt.notes.append(f"{nt.info.name}: shallow rank (DPRO_SHALLOW_RANKS): steps {missing} are "
                         f"{ref.info.name}'s (same ops; step {anchor} recorded by both)")
     gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
+    return failed
