@@ -64,3 +64,12 @@ def test_messages_in_the_workers_profiled_order():
     assert async_messages(g, {"a": [_Piece("a", 0, 8)], "b": [_Piece("b", 0, 2)]}, 1) == [[2.0, 8.0]]
     pieces = {"a": [_Piece("a", 0, 4), _Piece("a", 1, 4)], "b": [_Piece("b", 1, 2)]}
     assert async_messages(g, pieces, 2) == [[4.0], [2.0, 4.0]]
+
+
+def test_observe_sees_every_interval():
+    """One step of the 50 + 30 B case: 130 µs in all, 80 B pushed and 80 B pulled."""
+    seen: list[tuple[dict, float]] = []
+    simulate_async(1, [0.0], [80], [2], T, 0, 0, 1, messages=[[50, 30]], observe=lambda r, dt: seen.append((r, dt)))
+    assert sum(dt for _, dt in seen) == pytest.approx(130)
+    for d in (0, 1):
+        assert sum(r * dt for rates, dt in seen for f, r in rates.items() if f[1] == d) == pytest.approx(80)

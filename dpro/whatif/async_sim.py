@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dpro.whatif.fairshare import max_min_rates
 from dpro.whatif.models import Transfer
@@ -45,7 +45,8 @@ def cpu_rates(computing: dict[int, float], cores: float | None, pinned: bool) ->
 def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
                    t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0, *,
                    cores: float | None = None, pinned: bool = False,
-                   messages: Sequence[Sequence[float]] | None = None) -> float:
+                   messages: Sequence[Sequence[float]] | None = None,
+                   observe: Callable[[dict[tuple[int, int, int], float], float], None] | None = None) -> float:
     """Throughput (steps/s over all workers) of asynchronous SGD over ``steps`` steps in all.
 
     A worker step sends, to each server ``s``, ``messages[s]`` (bytes of each message, in
@@ -58,7 +59,8 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
     cores: each computes at ``min(1, cores / computing)`` (the profiled compute time is CPU
     time); ``pinned`` (worker ``w`` bound to core ``w % cores``), at ``1 / computing on its
     core``: a worker waiting on the network lends its core only to the workers pinned to
-    the same one."""
+    the same one. ``observe(rates, dt)``, if given, sees every interval: the rate (bytes/µs)
+    of each flow ``(server, direction 0 push / 1 pull, worker)`` moving during its ``dt`` µs."""
     rng = random.Random(seed)
     bw = 1.0 / t.beta if t.beta > 0 else 1e30
     ns = len(server_bytes)
@@ -113,6 +115,8 @@ def simulate_async(workers: int, compute_us: list[float], server_bytes: list[flo
             break
         dt = max(0.0, dt)
         now += dt
+        if observe is not None:
+            observe(rate, dt)
         ended = []
         for f, v in flows.items():
             v[0] -= rate[f] * dt
