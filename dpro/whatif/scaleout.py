@@ -24,11 +24,8 @@ with its op times; its communication is re-costed for the new cluster with the p
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
-import random
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -36,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dpro.errors import DproInputError
-from dpro.whatif.fairshare import max_min_rates
+from dpro.whatif.async_sim import simulate_async
 from dpro.whatif.graph import Op, WhatIfGraph
 from dpro.whatif.horovod_spans import SpanFit, give_back_excess, horovod_span_fit
 from dpro.whatif.models import Transfer, allreduce_us
@@ -699,7 +696,10 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer, comm_rati
     exposed communication ``T1 - C``, times ``comm_ratio`` when given (a one-worker
     profile's measured lone step against the model's, :func:`lone_comm_ratio_of`); each
     server's bytes are scaled so that one worker in the simulation takes exactly ``C`` plus
-    that exposed communication, and the simulation adds what the other workers'
+    that exposed communication (``async_bytes_scale`` in the breakdown). In the simulation
+    a worker sends its messages to a server one at a time in its profiled order
+    (:func:`async_messages`) and pulls each once the server has updated it, so its pushes
+    and pulls overlap key by key (:mod:`dpro.whatif.async_sim`); it adds what the other workers'
     traffic through the same server ports costs and, with ``c.host_cores``, the workers
     computing at the same time sharing those cores. The scaling hides the overlap of one
     worker's pushes with its backward pass, but also shrinks the bytes the server ports
@@ -716,6 +716,7 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer, comm_rati
         for p in ps:
             per_server[p.server] += p.bytes
             msgs[p.server] += 1
+    plan = async_messages(base, pieces, servers)
     ua, ub = fit_update(job.trace, list(job.steps))
     comp_us = _compute_only_us(base)
     solo = _ps_point(job, base.copy(), Cluster(1, servers), t).iteration_us
@@ -725,13 +726,14 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer, comm_rati
         exposed *= comm_ratio
         bd["lone_comm_ratio"] = comm_ratio
     # one worker's communication alone in the simulation; every term scales with k
-    thr1 = simulate_async(1, [0.0], per_server, msgs, t, ua, ub, 1) if any(per_server) else 0.0
+    thr1 = simulate_async(1, [0.0], per_server, msgs, t, ua, ub, 1, messages=plan) if any(per_server) else 0.0
     raw = 1e6 / thr1 if thr1 > 0 else 0.0
     k = exposed / raw if raw > 0 else 0.0
+    bd["async_bytes_scale"] = k
     samples = _step_factors(job)
     thr = simulate_async(c.workers, [comp_us * f for f in samples], [b * k for b in per_server], msgs,
                          Transfer(t.alpha * k, t.beta), ua * k, ub, c.steps, c.seed, cores=c.host_cores,
-                         pinned=c.pinned)
+                         pinned=c.pinned, messages=[[b * k for b in m] for m in plan])
     it = c.workers * 1e6 / thr if thr > 0 else 0.0
     bd["exposed_COMM_alone"] = exposed
     eff = port_efficiency_for(c.ps_port, c.workers, servers)
@@ -753,6 +755,23 @@ def _async_point(job: Job, base: WhatIfGraph, c: Cluster, t: Transfer, comm_rati
         if bound > it:
             it, thr = bound, c.workers * 1e6 / bound
     return Point(c.workers, servers, it, thr, bd)
+
+
+def async_messages(g: WhatIfGraph, pieces: dict[str, list[_Piece]], servers: int) -> list[list[float]]:
+    """The bytes of the messages a worker step sends to each server, in the order the
+    worker sends them: its gradients' pushes by their order in the profiled step (the
+    push ops' ``prio``, their measured start offset), each gradient's pieces on their servers."""
+    from dpro.optimizer.ps.layout import base_name
+
+    first: dict[str, float] = {}
+    for op in g.select(lambda o: o.attrs.get("sub_op") == "PUSH_REQ"):
+        name = base_name(op.attrs.get("tensor") or op.name)
+        first[name] = min(first.get(name, op.prio), op.prio)
+    out: list[list[float]] = [[] for _ in range(servers)]
+    for name in sorted(pieces, key=lambda n: (first.get(n, float("inf")), n)):
+        for p in pieces[name]:
+            out[p.server].append(float(p.bytes))
+    return out
 
 
 def _compute_only_us(g: WhatIfGraph) -> float:
@@ -826,103 +845,3 @@ def _step_factors(job: Job) -> list[float]:
     d = [w.steps[s][1] for s in job.steps if s in w.steps] or [1.0]
     m = float(np.mean(d))
     return [x / m for x in d] if m > 0 else [1.0]
-
-
-def _cpu_rates(computing: dict[int, float], cores: float | None, pinned: bool) -> dict[int, float]:
-    """Each computing worker's share of a core: processor sharing of ``cores`` among them,
-    or, ``pinned``, of its own core ``w % cores`` among the workers computing on it."""
-    if not cores or not computing:
-        return dict.fromkeys(computing, 1.0)
-    if not pinned:
-        return dict.fromkeys(computing, min(1.0, cores / len(computing)))
-    c = max(1, int(cores))
-    on = Counter(w % c for w in computing)
-    return {w: 1.0 / on[w % c] for w in computing}
-
-
-def simulate_async(workers: int, compute_us: list[float], server_bytes: list[float], server_msgs: list[int],
-                   t: Transfer, update_alpha: float, update_beta: float, steps: int, seed: int = 0, *,
-                   cores: float | None = None, pinned: bool = False) -> float:
-    """Throughput (steps/s over all workers) of asynchronous SGD: each worker repeats
-    compute (a sample of ``compute_us``) -> push its gradients to every server (``server_bytes``,
-    ``server_msgs`` messages) -> the server updates (``update_alpha*msgs + update_beta*bytes``,
-    serial per server) -> pull the weights back -> next step, until ``steps`` steps are done
-    in all; no barrier. A message's overhead ``alpha`` counts as ``alpha/beta`` bytes of its flow.
-
-    Fluid sharing of every resource by what uses it at the moment:
-
-    * each server has one port per direction at ``1/beta`` bytes/µs, and each worker one
-      link per direction at ``1/beta``; a push crosses its worker's link (out) and its
-      server's port (in), a pull the port (out) and the link (in), at the max-min fair
-      rate among the flows moving (:func:`~dpro.whatif.fairshare.max_min_rates`, solved
-      again whenever a flow starts or ends);
-    * with ``cores``, the workers computing at the moment share that many cores: each
-      computes at ``min(1, cores / computing)`` (the profiled compute time is CPU time);
-      ``pinned`` (worker ``w`` bound to core ``w % cores``), at ``1 / computing on its
-      core``: a worker waiting on the network lends its core only to the workers pinned
-      to the same one."""
-    rng = random.Random(seed)
-    bw = 1.0 / t.beta if t.beta > 0 else 1e30
-    ns = len(server_bytes)
-    size = [server_bytes[s] + server_msgs[s] * t.alpha * bw for s in range(ns)]
-    active_servers = [s for s in range(ns) if server_bytes[s] > 0]
-    caps = {(kind, i, d): bw for kind, n in (("port", ns), ("link", workers)) for i in range(n) for d in (0, 1)}
-    now = 0.0
-    timers: list[tuple[float, int, int, int]] = []  # (time, seq, worker, server): an update done
-    seq = 0
-    computing = {w: rng.choice(compute_us) for w in range(workers)}  # worker -> CPU µs left
-    flows: dict[tuple[int, int, int], float] = {}  # (server, direction 0 in / 1 out, worker) -> bytes left
-    left = [0] * workers  # servers a worker still waits for
-    upd_free = [0.0] * ns
-    done = 0
-
-    def finish_step(w: int) -> None:
-        nonlocal done
-        done += 1
-        computing[w] = rng.choice(compute_us)
-
-    while done < steps:
-        # a flow (server, direction, worker) crosses the server's port and the worker's link
-        ids = list(flows)
-        rate = dict(zip(ids, max_min_rates([(("port", f[0], f[1]), ("link", f[2], f[1])) for f in ids], caps)))
-        cpu = _cpu_rates(computing, cores, pinned)
-        dt = min([b / rate[f] for f, b in flows.items()] + [c / cpu[w] for w, c in computing.items()]
-                 + ([timers[0][0] - now] if timers else []), default=float("inf"))
-        if dt == float("inf"):
-            break
-        dt = max(0.0, dt)
-        now += dt
-        ended = []
-        for f in flows:
-            flows[f] -= rate[f] * dt
-            if flows[f] <= 1e-9 * max(1.0, size[f[0]]):
-                ended.append(f)
-        finished = []
-        for w in computing:
-            computing[w] -= cpu[w] * dt
-            if computing[w] <= 1e-9:
-                finished.append(w)
-        for f in ended:
-            srv, direction, w = f
-            del flows[f]
-            if direction == 0:  # push arrived: update, then pull
-                start = max(now, upd_free[srv])
-                upd_free[srv] = start + update_alpha * server_msgs[srv] + update_beta * server_bytes[srv]
-                heapq.heappush(timers, (upd_free[srv], seq, w, srv))
-                seq += 1
-            else:
-                left[w] -= 1
-                if left[w] == 0:
-                    finish_step(w)
-        for w in finished:
-            del computing[w]
-            if not active_servers:
-                finish_step(w)
-                continue
-            left[w] = len(active_servers)
-            for s_ in active_servers:
-                flows[(s_, 0, w)] = size[s_]
-        while timers and timers[0][0] <= now + 1e-9:
-            _, _, w, srv = heapq.heappop(timers)
-            flows[(srv, 1, w)] = size[srv]
-    return done * 1e6 / now if now > 0 else 0.0
