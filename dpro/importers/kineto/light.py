@@ -10,9 +10,9 @@ step the structure step's ops with the light step's timing:
 * **step split**: on each CPU thread, the structure step made ``K`` runtime calls; the light
   session's calls of that thread are cut into runs of ``K`` (the same number of runs on
   every thread), and each run must repeat the structure step's call names in order. Calls
-  before the first run or after the last complete one are allowed only if none of them
-  launched GPU work (the recorder's own ``cudaDeviceSynchronize`` before it stops the
-  session). Where the calls differ, the split is tried again on the calls that launched GPU
+  before the first run, between two runs or after the last are allowed only if none of them
+  launched GPU work (the session's own ``cudaDeviceSynchronize`` at its start and stop, a
+  ``torch.cuda.synchronize()`` of the training loop between two steps). Where the calls differ, the split is tried again on the calls that launched GPU
   work or waited for it (``SYNC_CALLS``) alone, and the note says so;
 * **CPU side**: the runtime calls are anchors; a monotone piecewise-linear map takes the
   structure step's time to the light step's (each call's start and end onto the same
@@ -81,8 +81,6 @@ def runtime_calls(events: list[KEvent], t0: float = float("-inf"), t1: float = f
     return dict(out)
 
 
-#: runtime calls a light session may make before its first step's (that launched nothing)
-MAX_LEAD = 16
 
 
 def _tname(tid: object) -> str:
@@ -99,36 +97,40 @@ def split_steps(struct: dict[object, list[Call]], light: dict[object, list[Call]
     if extra:
         return f"threads {extra} made runtime calls in the light steps but none in the structure step"
     counts: dict[object, int] = {}
-    light = dict(light)
+    runs: dict[object, list[list[Call]]] = {}
     for tid, calls in struct.items():
-        got = light.get(tid, [])
-        # calls before the first step that launched nothing (the session's own start-up)
-        skip = next((o for o in range(min(len(got), MAX_LEAD) + 1)
-                     if [c.name for c in got[o:o + len(calls)]] == [c.name for c in calls]), 0)
-        if any(c.corr is not None and c.corr in launched for c in got[:skip]):
-            skip = 0
-        got = light[tid] = got[skip:]
-        n = len(got) // len(calls)
-        if any(c.corr is not None and c.corr in launched for c in got[n * len(calls):]):
-            return (f"{_tname(tid)}: {len(got)} runtime calls in the light steps are not a multiple of the "
-                    f"structure step's {len(calls)} (the rest launched GPU work)")
-        counts[tid] = n
+        got = runs[tid] = _runs(calls, light.get(tid, []), launched)
+        if isinstance(got, str):
+            return f"{_tname(tid)}: {got}"
+        counts[tid] = len(got)
     if len(set(counts.values())) != 1 or not next(iter(counts.values())):
         return "light steps per thread differ: " + ", ".join(
             f"{_tname(t)} {len(light.get(t, []))} calls / {len(struct[t])} per step" for t in struct)
     n = next(iter(counts.values()))
-    steps: list[dict[object, list[Call]]] = []
-    for k in range(n):
-        step = {}
-        for tid, calls in struct.items():
-            run = light[tid][k * len(calls):(k + 1) * len(calls)]
-            for j, (a, b) in enumerate(zip(calls, run)):
-                if a.name != b.name:
-                    return (f"light step {k + 1}, {_tname(tid)}: runtime call {j} is {b.name}, the structure "
-                            f"step's is {a.name}")
-            step[tid] = run
-        steps.append(step)
-    return steps
+    return [{tid: runs[tid][k] for tid in struct} for k in range(n)]
+
+
+def _runs(calls: list[Call], got: list[Call], launched: set[int]) -> list[list[Call]] | str:
+    """One thread's light calls cut into runs that repeat ``calls``' names in order. Calls
+    between two runs (or before the first, after the last) are dropped if they launched no
+    GPU work: the session's own start and stop, a ``torch.cuda.synchronize()`` of the
+    training loop between two steps. A call that launched GPU work outside a run is the
+    reason the steps do not match."""
+    names = [c.name for c in calls]
+    k, out, i = len(names), [], 0
+    while i < len(got):
+        if got[i].name == names[0] and [c.name for c in got[i:i + k]] == names:
+            out.append(got[i:i + k])
+            i += k
+        elif got[i].corr is not None and got[i].corr in launched:
+            part = got[i:i + k]
+            j = next((j for j, (a, b) in enumerate(zip(names, (c.name for c in part))) if a != b), len(part))
+            why = (f"runtime call {j} is {part[j].name}, the structure step's is {names[j]}" if j < len(part)
+                   else f"{len(got) - i} calls left, fewer than the structure step's {k}")
+            return f"light step {len(out) + 1} does not repeat the structure step's calls ({why}; it launched GPU work)"
+        else:
+            i += 1
+    return out
 
 
 @dataclass
