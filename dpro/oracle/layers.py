@@ -12,8 +12,9 @@ layer, over the job's typical steps and averaged over the workers:
   output channels F, kernel, stride; sizes in bytes per sample, weights from the trace's
   parameter list (else from the recorded weight shape).
 
-With dpro's recorder's overhead measured (the steps after the window), every time is
-scaled by it, as ``dpro replay`` predicts the unprofiled job. Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
+With dpro's recorder's overhead measured (the steps after the window), each worker's
+times are scaled by its own, by the function ``dpro replay`` uses to predict the
+unprofiled job (:func:`dpro.graph.overhead.stats_without_overhead`). Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
 ``(rest)``, run by every rank on its whole batch. OTHER ops (step markers, zero_grad...)
 are a fixed ``overhead_us`` per iteration.
 
@@ -34,6 +35,7 @@ from statistics import mean
 from typing import TYPE_CHECKING
 
 from dpro.errors import DproInputError
+from dpro.graph.overhead import stats_without_overhead
 
 if TYPE_CHECKING:
     from dpro.job import Job
@@ -189,12 +191,15 @@ def model_profile(job: Job) -> ModelProfile:
     batch = _batch(shapes)
     if batch <= 0:
         raise DproInputError(where, f"cannot tell the profiled batch from the recorded shapes; {NEEDS}")
+    # each worker's recorder overhead taken out of its ops, as `dpro replay` predicts the
+    # unprofiled job (one shared function: dpro/graph/overhead.py)
+    stats, ov_notes = stats_without_overhead(job.trace, job.stats)
     # per worker: layer -> [fw dur, fw gap, bw dur, bw gap], in forward order
     per: list[dict[str, list[float]]] = []
     order: dict[str, float] = {}
     wu, overhead = [], []
     for nt in workers:
-        st = job.stats.get(nt.info.name, {})
+        st = stats.get(nt.info.name, {})
         acc: dict[str, list[float]] = {}
         u = o = 0.0
         for op in nt.ops.values():
@@ -223,6 +228,7 @@ def model_profile(job: Job) -> ModelProfile:
     names = sorted((n for n in order if n in shapes), key=lambda n: order[n])
     missing = sorted(n for n in order if n not in shapes)
     notes = [f"layers without recorded shapes, counted with (rest): {', '.join(missing)}"] if missing else []
+    notes += [f"layer times without the recorder's overhead: {n}" for n in ov_notes]
     fields = {n: _shape_fields(shapes[n], batch) for n in names}
     for i, n in enumerate(names):  # a layer's output is the next layer's input
         f = fields[n]
@@ -237,13 +243,6 @@ def model_profile(job: Job) -> ModelProfile:
     def avg(name: str, k: int) -> float:
         return mean([sum(p[m][k] for m in p if m == name or (name == "(rest)" and m in missing)) for p in per])
 
-    # the recorder's own overhead taken out, as `dpro replay` does (dpro/graph/overhead.py)
-    ov = job.profiling_overhead
-    k = ov.factor if ov is not None else 1.0
-    if k != 1.0:
-        notes.append(f"profiling overhead taken out of the layer times: x{k:.3f} ({ov.pct:+.1f}% in the window)")
-        per = [{n: [v * k for v in a] for n, a in acc.items()} for acc in per]
-        wu_total, overhead = wu_total * k, [o * k for o in overhead]
     layers = [Layer(name=n, fw_us=avg(n, 0) / batch, fw_call_us=avg(n, 1), bw_us=avg(n, 2) / batch, bw_call_us=avg(n, 3),
                     wu_us=wu_total * fields[n].get("w_bytes", 0) / total_w, **fields[n]) for n in names]
     rest = Layer(name="(rest)", kind=OTHER, fw_us=avg("(rest)", 0) / batch, fw_call_us=avg("(rest)", 1),
