@@ -520,8 +520,9 @@ def align_cmd(
 @click.option("--no-contention", is_flag=True, help="No contention penalty between the concurrent groups of hybrids.")
 @click.option("--simulate", is_flag=True, help="Also replay each feasible strategy's DFG with dpro's replayer.")
 @click.option("--profile-at", "profile_at", multiple=True, type=click.Path(path_type=Path), metavar="PATH2",
-              help="A profile of the same model at another per-device batch (repeatable): each layer's time is "
-                   "then fitted as a + b x batch instead of taken proportional to the batch.")
+              help="A profile of the same model at another per-device batch, or a repeat at the same one "
+                   "(repeatable): each layer's time is then fitted as a + b x batch where both parts exceed the "
+                   "repeats' spread, else taken proportional to the batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @_rank_opt
 def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, batch: int | None, micro: int | None,

@@ -405,3 +405,36 @@ def test_layer_shapes_from_kineto_events() -> None:
     assert out["block.conv"]["op"] == "aten::conv2d" and out["block.conv"]["dims"][0] == [8, 3, 32, 32]
     assert out["block.conv"]["concrete"][3] == "[1, 1]"
     assert out["block"]["op"] == "aten::add"
+
+
+def test_layer_times_without_the_recorders_overhead() -> None:
+    """Each worker's layer times are scaled by its own measured overhead, with the function
+    `dpro replay` uses (dpro.graph.overhead.stats_without_overhead): worker0's window paced
+    100 µs a step against 80 after it (x 0.8), worker1's was not slower (x 1)."""
+    import dpro
+    from dpro.oracle.layers import model_profile
+
+    job = dpro.open(DATA)
+    w0, w1 = job.trace.workers()
+    for nt in (w0, w1):  # nothing measured: the times as recorded
+        for k in ("step_wall_us", "step_wall_after_us", "steps"):
+            nt.meta.pop(k, None)
+    raw = {x.name: x for x in model_profile(job).layers}
+
+    def own(nt, layer: str, cat: str) -> float:  # the worker's own time of the layer's ops per iteration
+        st = job.stats[nt.info.name]
+        return sum(st[o.id].dur for o in nt.ops.values() if o.id in st and o.cat == cat and o.layer == layer)
+
+    walls = {"steps": [5, 6], "step_wall_us": [300, 200, 150, 120, 110, 100, 100]}
+    w0.meta |= walls | {"step_wall_after_us": [200, 150, 90, 80, 80, 80]}
+    w1.meta |= walls | {"step_wall_after_us": [200, 150, 90, 120, 120, 120]}
+    m = model_profile(job)
+    got = {x.name: x for x in m.layers}
+    for name in ("conv1", "conv2", "fc"):
+        f0, f1 = own(w0, name, "FW"), own(w1, name, "FW")
+        assert raw[name].fw_us == pytest.approx((f0 + f1) / 2 / m.batch)
+        assert got[name].fw_us == pytest.approx((0.8 * f0 + f1) / 2 / m.batch)
+        b0, b1 = own(w0, name, "BW"), own(w1, name, "BW")
+        assert got[name].bw_us == pytest.approx((0.8 * b0 + b1) / 2 / m.batch)
+    assert any("overhead" in n and "worker0" in n and "scaled by 0.800" in n for n in m.notes)
+    assert not any("worker1" in n for n in m.notes)

@@ -15,7 +15,7 @@ import pytest
 
 from dpro.errors import DproInputError
 from dpro.oracle.formulas import Options, predict
-from dpro.oracle.layers import AFFINE, PROPORTIONAL, WEIGHTED, Layer, ModelProfile, _fit, affine_profile
+from dpro.oracle.layers import AFFINE, PROPORTIONAL, WEIGHTED, Layer, ModelProfile, _fit, affine_profile, guard
 from dpro.oracle.platform import Platform
 
 DATA = Path(__file__).parent / "data" / "oracle_cnn"          # batch 32 on 2 ranks: 16 per device
@@ -114,8 +114,10 @@ def test_cli_profile_at(run_cli) -> None:
     d = json.loads(out)
     assert d["model"]["batch_rule"] == "affine" and d["model"]["profiled_batches_per_device"] == [16, 8]
     assert d["model"]["profiled_batch_per_device"] == 16 and d["batch"] == 32
-    assert any("affine rule" in n for n in d["notes"])
+    assert any("affine rule" in n for n in d["notes"]) and any(n.startswith("guarded: ") for n in d["notes"])
     lay = d["model"]["layers"]
+    assert all(x["batch_rule"] in (AFFINE, PROPORTIONAL) and x["affine_guard"]["supported"] == (x["batch_rule"] == AFFINE)
+               for x in lay)
     assert all(x["fw_us_per_sample"] >= 0 and x["fw_call_us"] >= 0 and x["bw_call_us"] >= 0 for x in lay)
     assert len(d["strategies"]) == 14
     code, out, err = run_cli("oracle", DATA, "--devices", "2", "--json")
@@ -137,3 +139,48 @@ def test_cli_profile_at_bad(run_cli, tmp_path: Path) -> None:
         f.write_bytes(gzip.compress(json.dumps(dfg).encode()))
     code, _, err = run_cli("oracle", DATA, "--profile-at", d, "--devices", "2")
     assert code == 2 and "not the model of" in err and "conv2" in err and len(err.strip().splitlines()) == 1
+
+
+def test_guard_by_hand() -> None:
+    """The fit through each batch's median, and the repeats' spread (max - min) propagated
+    through its weights: at 4 and 8 samples, a = 2 t4 - t8, b = (t8 - t4) / 4."""
+    g = guard([(4, 100.0), (4, 110.0), (4, 120.0), (8, 150.0), (8, 160.0)])
+    # medians 110 and 155: b = 45 / 4 = 11.25, a = 110 - 45 = 65; spreads 20 and 10:
+    # u_a = sqrt((2 x 20)^2 + (1 x 10)^2) = sqrt(1700), u_b = sqrt((20 / 4)^2 + (10 / 4)^2) = sqrt(31.25)
+    assert (g.a_us, g.b_us) == pytest.approx((65, 11.25))
+    assert (g.u_a_us, g.u_b_us) == pytest.approx((1700 ** 0.5, 31.25 ** 0.5))
+    assert g.supported
+    # one launch at 4 samples 60 µs slower: medians 130, 155, a = 105 under u_a = sqrt(120^2 + 10^2)
+    g = guard([(4, 100.0), (4, 160.0), (8, 150.0), (8, 160.0)])
+    assert (g.a_us, g.u_a_us) == pytest.approx((105, (120 ** 2 + 10 ** 2) ** 0.5)) and not g.supported
+    # no repeats: no spread, only a negative part refuses the fit
+    assert guard([(4, 40.0), (8, 60.0)]).supported and not guard([(4, 12.0), (8, 10.0)]).supported
+
+
+def test_guarded_rule_per_layer() -> None:
+    """Two profiles at 4 samples and one at 8: conv's repeats agree (spread 0: affine, as in
+    test_affine_fit_two_layers); fc's differ by 20 µs per call at 4 samples and its time does
+    not grow with the batch (medians 22 and 22: b = 0, not above u_b = 20 / 4): the first
+    profile's proportional times."""
+    again = ModelProfile([conv(), fc(bw_call_us=20)], batch=4, source="a2", batches=[4])
+    m = affine_profile([at4(), again, at8()])
+    assert m.rule == AFFINE and m.batches == [4, 4, 8]
+    assert m.layer_rules == {"conv": AFFINE, "fc": PROPORTIONAL}
+    c, f = m.layers
+    assert (c.fw_us, c.fw_call_us, c.bw_us, c.bw_call_us) == pytest.approx((5, 20, 10, 40))
+    assert (f.fw_us, f.fw_call_us, f.bw_us, f.bw_call_us) == pytest.approx((1, 0, 2, 0))  # at4()'s
+    assert (c.wu_us, f.wu_us, m.overhead_us) == pytest.approx((11 / 3, 17 / 3, 2 / 3))
+    g = m.guards["fc"]
+    assert (g.a_us, g.b_us, g.u_b_us) == pytest.approx((22, 0, 5)) and not g.supported
+    assert any(n.startswith("guarded: affine for conv; proportional") and "fc" in n and "spread" in n for n in m.notes)
+    # data on 2 devices, 4 samples each: conv 15 x 4 + 60, fc 3 x 4, WU 28 / 3, overhead 2 / 3
+    assert predict_(m, "data", 2).compute_us == pytest.approx(120 + 12 + 28 / 3 + 2 / 3)
+
+
+def test_guard_without_repeats_refuses_a_negative_part() -> None:
+    """One profile per batch: fc slower at 4 than at 8 samples (12 vs 6 µs per call): the
+    proportional rule for fc, where the unguarded fit clamped it to a fixed 9 µs."""
+    m = affine_profile([at4(), replace(at8(), layers=[conv(fw_us=7.5, bw_us=15), fc(fw_us=0.25, bw_us=0.5)])])
+    assert m.layer_rules == {"conv": AFFINE, "fc": PROPORTIONAL}
+    assert (m.layers[1].fw_us, m.layers[1].fw_call_us) == (1, 0)
+    assert any("no repeated profiles" in n for n in m.notes)

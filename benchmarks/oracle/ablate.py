@@ -33,6 +33,9 @@ def main() -> None:
     p.add_argument("--refit", action="store_true",
                    help="first rebuild the platform file from OUT's calibration samples (gloo_link_<n>_c0.json) "
                         "with the current library (platform_from_samples); nothing measured again")
+    p.add_argument("--profiles", choices=("all", "median", "first"), default="all",
+                   help="the profiles besides OUT/trace: all of run.py's (every repeat at every batch; default), the "
+                        "median per batch only (OUT/trace_b<B>), or none (one profile: the proportional rule)")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     import dpro
@@ -54,8 +57,12 @@ def main() -> None:
     rows = res["rows"]
     procs = sorted({r["devices"] for r in rows})
     job = dpro.open(args.out / "trace")
-    # run.py's profiles at the other batches (the affine rule, issue #29), as the run used them
-    at = [dpro.open(t) for t in sorted(args.out.glob("trace_b*")) if t.is_dir() and t.name.count("_") == 1]
+    # run.py's other profiles (the affine rule, issue #29): every repeat (the guarded rule's
+    # input, as run.py passes them since session 27), the median per batch only (as before), or none
+    dirs = sorted(t for t in args.out.glob("trace_b*") if t.is_dir())
+    at = {"all": [dpro.open(t) for t in dirs],
+          "median": [dpro.open(t) for t in dirs if t.name.count("_") == 1], "first": []}[args.profiles]
+    print(f"profiles: trace + {', '.join(t.name for t in dirs) if args.profiles == 'all' else args.profiles}")
     full = read_platform(args.out / args.platform)
     cal = full.calibration
     plain_links = {n: {k: dataclasses.replace(c, burst=0.0, beta_burst=0.0) for k, c in d.items()}

@@ -66,6 +66,13 @@ import jobenv  # noqa: E402
 SETTING = jobenv.SETTINGS["threads1"]
 
 
+#: steps of a profiled launch: the recorder's 5 warm-up and 5 profiled calls, then the 20 calls it
+#: times after its window (DPRO_AFTER_STEPS' default), whose settled pace against the window's
+#: is the recorder's overhead the oracle takes out (dpro/graph/overhead.py); with 16 steps only
+#: 6 were timed, 3 of them kept (session 27)
+PROFILE_STEPS = 30
+
+
 def launcher(n: int, script: Path, *args: str) -> list[str]:
     """The command that starts ``n`` ranks of ``script`` (torchrun on loopback, or one
     process per network namespace under a cap)."""
@@ -140,7 +147,7 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
     for attempt in (1, 2):  # a second try (new port): a profiled launch seldom fails (seen: a collective
         # missing from one rank's recorded trace, dpro profile exit 2)
         cmd = [sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(trace), "--",
-               *launcher(n, TRAIN, "--strategy", strategy, "--steps", "16", *extra)]
+               *launcher(n, TRAIN, "--strategy", strategy, "--steps", str(PROFILE_STEPS), *extra)]
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=job_env())
         if p.returncode == 0:
             break
@@ -156,14 +163,16 @@ def profiled(n: int, strategy: str, extra: list[str], out: Path) -> dict:
             "peak_bytes": max(peaks) if peaks else None}
 
 
-def median_profiles(out: Path, batches: list[int], k: int) -> list[Path]:
+def median_profiles(out: Path, batches: list[int], k: int) -> tuple[list[Path], list[Path]]:
     """Profile data parallelism on 2 processes ``k`` times at each global batch of
     ``batches`` (the oracle's input; launches interleaved over the batches) and keep, per
     batch, as ``out/trace`` (the first batch) and ``out/trace_b<B>`` (the others), the
     profile whose per-iteration layer compute (the oracle's reading, recorder overhead taken
     out) is the median: one profile catches the VM's slow or fast spells (12:01 and 12:19
     UTC: 15.1 and 7.6 ms of layer compute for the same job). Two batches or more: the oracle
-    fits each layer's time as a + b·batch (``--profile-at``, issue #29)."""
+    fits each layer's time as a + b·batch (``--profile-at``, issue #29). Returns the kept
+    profiles and the other repeats (``out/trace_b<B>_<i>``), which the guarded affine rule
+    also reads (the spread at each batch)."""
     import shutil
 
     import dpro
@@ -174,11 +183,11 @@ def median_profiles(out: Path, batches: list[int], k: int) -> list[Path]:
         for b in (batches if i % 2 == 0 else batches[::-1]):
             t = out / f"trace_b{b}_{i}"
             subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "--force", "--shapes", "--memory", "-o", str(t),
-                            "--", *launcher(2, TRAIN, "--strategy", "data", "--steps", "16", "--batch", str(b))],
+                            "--", *launcher(2, TRAIN, "--strategy", "data", "--steps", str(PROFILE_STEPS), "--batch", str(b))],
                            cwd=REPO, check=True, capture_output=True, env=job_env())
             m = model_profile(dpro.open(t))
             got[b].append((sum((x.fw_us + x.bw_us) * m.batch + x.fw_call_us + x.bw_call_us for x in m.layers), t))
-    kept = []
+    kept, repeats = [], []
     for j, b in enumerate(batches):
         got[b].sort()
         print(f"# profiles' layer compute at batch {b} on 2 processes (ms): "
@@ -187,7 +196,8 @@ def median_profiles(out: Path, batches: list[int], k: int) -> list[Path]:
         shutil.rmtree(trace, ignore_errors=True)
         got[b][len(got[b]) // 2][1].rename(trace)
         kept.append(trace)
-    return kept
+        repeats += [t for i, (_, t) in enumerate(got[b]) if i != len(got[b]) // 2]
+    return kept, repeats
 
 
 def main() -> None:
@@ -245,8 +255,10 @@ def run(args: argparse.Namespace, boosted_: bool = False) -> None:
     plat = plats[calibs[0]]
     pbatches = [int(x) for x in args.profile_batches.split(",")] if args.profile_batches else \
         [args.batch, args.batch // 2]
-    trace, *others = median_profiles(args.out, pbatches, args.profiles)
-    at = [dpro.open(t) for t in others]
+    (trace, *others), repeats = median_profiles(args.out, pbatches, args.profiles)
+    # the other batches' median profiles and every repeat: the guarded affine rule weighs the
+    # fit against the spread of the repeats at each batch (issue #29, session 27)
+    at = [dpro.open(t) for t in [*others, *repeats]]
     res = run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plat), simulate=True, profile_at=at)
     alts = {c: run_oracle(dpro.open(trace), procs, batch=args.batch, platform=str(plats[c]), simulate=True,
                           profile_at=at) for c in calibs[1:]}  # the same profiles under the other calibrations

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dpro.graph.builder import GraphBuilder
 from dpro.graph.comm_model import (
@@ -29,7 +29,7 @@ from dpro.graph.comm_model import (
 )
 from dpro.graph.compiled import CAT_CODE, CompiledGraph
 from dpro.graph.intervals import busy_periods
-from dpro.graph.overhead import measured_overhead, scale_overhead
+from dpro.graph.overhead import ACCELERATORS, stats_without_overhead
 from dpro.graph.stats import OpStats, node_stats
 from dpro.gtrace.schema import COARSE_SUB_OPS, GTrace
 from dpro.gtrace.validate import PAIRS
@@ -94,31 +94,6 @@ P2P_TXN = "p2p/"
 
 def _is_p2p(op) -> bool:
     return op.sub_op in P2P and op.txn is not None and op.txn.startswith(P2P_TXN) and op.group is not None
-
-
-#: device name prefixes of accelerator streams (Kineto imports: ``gpu0:s7``; tests: ``cuda:0``)
-ACCELERATORS = ("gpu", "cuda")
-
-
-def _without_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]], info: BuildInfo) -> dict[str, dict[str, OpStats]]:
-    """``stats`` with each worker's measured profiling overhead taken off the ops it ran on
-    its CPU: host-side ops and, in a job with no accelerator, its collectives' own parts
-    (gloo, Horovod on CPU). The scaled ops are copies: ``stats`` is left as it is."""
-    out = dict(stats)
-    for name, nt in gt.nodes.items():
-        ov = measured_overhead(nt) if nt.info.role == "worker" else None
-        if ov is None:
-            continue
-        cpu_only = not any(op.device.startswith(ACCELERATORS) for op in nt.ops.values())
-        ids = [op.id for op in nt.ops.values() if op.id in stats[name]
-               and (op.device.startswith("cpu") or (cpu_only and op.cat == "COMM"))]
-        scaled = [replace(stats[name][i]) for i in ids]
-        r = scale_overhead(ov, scaled)
-        if r != 1.0:
-            out[name] = {**stats[name], **dict(zip(ids, scaled))}
-            info.notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ids)} ops "
-                              f"on its CPU{' (collectives included)' if cpu_only else ''} scaled by {r:.3f}")
-    return out
 
 
 def _fit_per_group(gt: GTrace, stats: dict[str, dict[str, OpStats]], complete: dict[str, list[tuple[str, str]]],
@@ -191,7 +166,8 @@ def build_global_dfg(gt: GTrace, options: BuildOptions | None = None, *,
     if stats is None:
         stats = {name: node_stats(nt, steps) for name, nt in gt.nodes.items()}
     if opts.remove_overhead:
-        stats = _without_overhead(gt, stats, info)
+        stats, notes = stats_without_overhead(gt, stats)
+        info.notes.extend(notes)
     present = {nt.info.rank: name for name, nt in gt.nodes.items() if nt.info.role == "worker"}
 
     # Coarse collectives whose whole group is present get expanded: AllReduce anywhere; the

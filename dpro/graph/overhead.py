@@ -15,10 +15,16 @@ and ``dpro replay`` predict the job as it runs unprofiled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from dpro.gtrace.schema import NodeTrace
+from dpro.gtrace.schema import GTrace, NodeTrace
+
+if TYPE_CHECKING:
+    from dpro.graph.stats import OpStats
+
+#: device name prefixes of accelerator streams (Kineto imports: ``gpu0:s7``; tests: ``cuda:0``)
+ACCELERATORS = ("gpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -114,3 +120,28 @@ def job_overhead(nodes: list[NodeTrace]) -> Overhead | None:
 
     return Overhead(statistics.median(o.unprofiled_us for o in ovs), statistics.median(o.profiled_us for o in ovs),
                     any(o.both_ways for o in ovs))
+
+
+def stats_without_overhead(gt: GTrace, stats: dict[str, dict[str, OpStats]]) -> tuple[dict[str, dict[str, OpStats]], list[str]]:
+    """``stats`` (``{node: {op: OpStats}}``) with each worker's measured profiling overhead
+    taken off the ops it ran on its CPU (:func:`scale_overhead` by the worker's own
+    :func:`measured_overhead`): host-side ops and, in a job with no accelerator, its
+    collectives' own parts (gloo, Horovod on CPU). The scaled ops are copies: ``stats`` is
+    left as it is. Returns the stats and one note per worker scaled. ``dpro replay``'s
+    prediction without the overhead and ``dpro oracle``'s layer times both use it."""
+    out = dict(stats)
+    notes: list[str] = []
+    for name, nt in gt.nodes.items():
+        ov = measured_overhead(nt) if nt.info.role == "worker" else None
+        if ov is None or name not in stats:
+            continue
+        cpu_only = not any(op.device.startswith(ACCELERATORS) for op in nt.ops.values())
+        ids = [op.id for op in nt.ops.values() if op.id in stats[name]
+               and (op.device.startswith("cpu") or (cpu_only and op.cat == "COMM"))]
+        scaled = [replace(stats[name][i]) for i in ids]
+        r = scale_overhead(ov, scaled)
+        if r != 1.0:
+            out[name] = {**stats[name], **dict(zip(ids, scaled))}
+            notes.append(f"{name}: profiling overhead {ov.pct:+.1f}% (recorder's clock) removed: {len(ids)} ops "
+                         f"on its CPU{' (collectives included)' if cpu_only else ''} scaled by {r:.3f}")
+    return out, notes

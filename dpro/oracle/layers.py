@@ -12,8 +12,9 @@ layer, over the job's typical steps and averaged over the workers:
   output channels F, kernel, stride; sizes in bytes per sample, weights from the trace's
   parameter list (else from the recorded weight shape).
 
-With dpro's recorder's overhead measured (the steps after the window), every time is
-scaled by it, as ``dpro replay`` predicts the unprofiled job. Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
+With dpro's recorder's overhead measured (the steps after the window), each worker's
+times are scaled by its own, by the function ``dpro replay`` uses to predict the
+unprofiled job (:func:`dpro.graph.overhead.stats_without_overhead`). Forward/backward ops outside any layer (the loss, autograd glue) form the pseudo-layer
 ``(rest)``, run by every rank on its whole batch. OTHER ops (step markers, zero_grad...)
 are a fixed ``overhead_us`` per iteration.
 
@@ -22,7 +23,9 @@ the host gaps are per call). From profiles at two or more per-device batches
 (:func:`affine_profile`) each layer's forward and backward time per call is fitted as
 **affine**, a + b·batch (least squares): b is its time per sample, a its fixed time per
 call (host gaps and the ops' own fixed cost, which does not shrink with the batch;
-benchmarks/oracle/batch_scaling.py measures it on the reference CNN, docs/oracle.md).
+benchmarks/oracle/batch_scaling.py measures it on the reference CNN, docs/oracle.md),
+**guarded**: only where both parts stand out of the spread of the repeated profiles at
+each batch (:func:`guard`); elsewhere the layer keeps the first profile's proportional times.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass, field, replace
-from statistics import mean
+from statistics import mean, median
 from typing import TYPE_CHECKING
 
 from dpro.errors import DproInputError
+from dpro.graph.overhead import stats_without_overhead
 
 if TYPE_CHECKING:
     from dpro.job import Job
@@ -100,6 +104,9 @@ class ModelProfile:
     rule: str = PROPORTIONAL
     #: the per-device batches of the profiles the times come from
     batches: list[int] = field(default_factory=list)
+    #: AFFINE: the rule each layer got (the guard, :func:`guard`), and the guard's figures
+    layer_rules: dict[str, str] = field(default_factory=dict)
+    guards: dict[str, Guard] = field(default_factory=dict)
 
     @property
     def weighted(self) -> list[Layer]:
@@ -189,12 +196,15 @@ def model_profile(job: Job) -> ModelProfile:
     batch = _batch(shapes)
     if batch <= 0:
         raise DproInputError(where, f"cannot tell the profiled batch from the recorded shapes; {NEEDS}")
+    # each worker's recorder overhead taken out of its ops, as `dpro replay` predicts the
+    # unprofiled job (one shared function: dpro/graph/overhead.py)
+    stats, ov_notes = stats_without_overhead(job.trace, job.stats)
     # per worker: layer -> [fw dur, fw gap, bw dur, bw gap], in forward order
     per: list[dict[str, list[float]]] = []
     order: dict[str, float] = {}
     wu, overhead = [], []
     for nt in workers:
-        st = job.stats.get(nt.info.name, {})
+        st = stats.get(nt.info.name, {})
         acc: dict[str, list[float]] = {}
         u = o = 0.0
         for op in nt.ops.values():
@@ -223,6 +233,7 @@ def model_profile(job: Job) -> ModelProfile:
     names = sorted((n for n in order if n in shapes), key=lambda n: order[n])
     missing = sorted(n for n in order if n not in shapes)
     notes = [f"layers without recorded shapes, counted with (rest): {', '.join(missing)}"] if missing else []
+    notes += [f"layer times without the recorder's overhead: {n}" for n in ov_notes]
     fields = {n: _shape_fields(shapes[n], batch) for n in names}
     for i, n in enumerate(names):  # a layer's output is the next layer's input
         f = fields[n]
@@ -237,13 +248,6 @@ def model_profile(job: Job) -> ModelProfile:
     def avg(name: str, k: int) -> float:
         return mean([sum(p[m][k] for m in p if m == name or (name == "(rest)" and m in missing)) for p in per])
 
-    # the recorder's own overhead taken out, as `dpro replay` does (dpro/graph/overhead.py)
-    ov = job.profiling_overhead
-    k = ov.factor if ov is not None else 1.0
-    if k != 1.0:
-        notes.append(f"profiling overhead taken out of the layer times: x{k:.3f} ({ov.pct:+.1f}% in the window)")
-        per = [{n: [v * k for v in a] for n, a in acc.items()} for acc in per]
-        wu_total, overhead = wu_total * k, [o * k for o in overhead]
     layers = [Layer(name=n, fw_us=avg(n, 0) / batch, fw_call_us=avg(n, 1), bw_us=avg(n, 2) / batch, bw_call_us=avg(n, 3),
                     wu_us=wu_total * fields[n].get("w_bytes", 0) / total_w, **fields[n]) for n in names]
     rest = Layer(name="(rest)", kind=OTHER, fw_us=avg("(rest)", 0) / batch, fw_call_us=avg("(rest)", 1),
@@ -259,27 +263,81 @@ _SHAPE = ("kind", "x_bytes", "y_bytes", "w_bytes", "channels", "filters", "heigh
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float, bool]:
-    """(a, b, clamped) of the least-squares t = a + b·n over ``points`` (n, t); a negative
-    slope (noise on a batch-independent time) gives b = 0, a = mean t; a negative
+    """(a, b, clamped) of the least-squares t = a + b·n through the median t of each batch
+    n of ``points`` (n, t: repeated profiles at one batch give one point, their median); a
+    negative slope (noise on a batch-independent time) gives b = 0, a = mean t; a negative
     intercept gives the proportional fit through 0 (a = 0)."""
-    n0 = mean(n for n, _ in points)
-    t0 = mean(t for _, t in points)
-    var = sum((n - n0) ** 2 for n, _ in points)
-    b = sum((n - n0) * (t - t0) for n, t in points) / var
-    a = t0 - b * n0
+    med = _medians(points)
+    a, b = _line(med)
     if b < 0:
-        return t0, 0.0, True
+        return mean(t for _, t in med), 0.0, True
     if a < 0:
-        return 0.0, sum(n * t for n, t in points) / sum(n * n for n, _ in points), True
+        return 0.0, sum(n * t for n, t in med) / sum(n * n for n, _ in med), True
     return a, b, False
 
 
+def _medians(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """One point per batch: the median of its repeated times, in batch order."""
+    by: dict[int, list[float]] = {}
+    for n, t in points:
+        by.setdefault(n, []).append(t)
+    return [(n, median(ts)) for n, ts in sorted(by.items())]
+
+
+def _weights(ns: list[int]) -> tuple[list[float], list[float]]:
+    """The weights of the least-squares line through one point per batch ``ns``: a = Σ wa_k t_k,
+    b = Σ wb_k t_k."""
+    n0 = mean(ns)
+    var = sum((n - n0) ** 2 for n in ns)
+    wb = [(n - n0) / var for n in ns]
+    return [1 / len(ns) - n0 * w for w in wb], wb
+
+
+def _line(med: list[tuple[int, float]]) -> tuple[float, float]:
+    wa, wb = _weights([n for n, _ in med])
+    return sum(w * t for w, (_, t) in zip(wa, med)), sum(w * t for w, (_, t) in zip(wb, med))
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """Whether the launches support a layer's affine fit: its time per call (forward +
+    backward) a + b·batch through the median of each batch's repeated profiles, and the
+    uncertainty of a and b, the spread (max − min) of each batch's repeats propagated
+    through the fit's weights, u = sqrt(Σ w_k² spread_k²) (docs/oracle.md)."""
+
+    a_us: float
+    b_us: float
+    u_a_us: float
+    u_b_us: float
+
+    @property
+    def supported(self) -> bool:
+        """Both the fixed and the per-sample part stand out of the repeats' spread."""
+        return self.a_us > self.u_a_us and self.b_us > self.u_b_us
+
+
+def guard(points: list[tuple[int, float]]) -> Guard:
+    """The :class:`Guard` of a layer's per-call times ``points`` (batch, µs), repeats included."""
+    by: dict[int, list[float]] = {}
+    for n, t in points:
+        by.setdefault(n, []).append(t)
+    med = _medians(points)
+    wa, wb = _weights([n for n, _ in med])
+    spread = [max(by[n]) - min(by[n]) for n, _ in med]
+    a, b = _line(med)
+    return Guard(a, b, math.sqrt(sum((w * s) ** 2 for w, s in zip(wa, spread))),
+                 math.sqrt(sum((w * s) ** 2 for w, s in zip(wb, spread))))
+
+
 def affine_profile(profiles: list[ModelProfile]) -> ModelProfile:
-    """One model from profiles of it at different per-device batches: each layer's forward
-    and backward time per call fitted as a + b·batch (``fw_us``/``bw_us`` = b per sample,
-    ``fw_call_us``/``bw_call_us`` = a per call); the weight update and the per-iteration
-    overhead (independent of the batch) averaged; shapes, the profiled batch and the
-    source from the first profile.
+    """One model from profiles of it at different per-device batches (repeats at one batch
+    welcome): each layer's forward and backward time per call fitted as a + b·batch through
+    each batch's median (``fw_us``/``bw_us`` = b per sample, ``fw_call_us``/``bw_call_us`` =
+    a per call) where the launches support it (:func:`guard`: both parts of the layer's
+    forward + backward fit above the spread of the repeats), else the first profile's
+    times (the proportional rule); the rule of each layer in ``layer_rules``. The weight
+    update and the per-iteration overhead (independent of the batch) averaged; shapes, the
+    profiled batch and the source from the first profile.
 
     Raises DproInputError when fewer than two distinct batches are given or when the
     profiles are not of one model (other layers or shapes).
@@ -303,20 +361,36 @@ def affine_profile(profiles: list[ModelProfile]) -> ModelProfile:
                                      f"{getattr(x, bad)}, not {getattr(ref[n], bad)}")
     by = [{x.name: x for x in m.layers} for m in profiles]
     zero = Layer("(rest)", OTHER, 0.0, 0.0)
-    layers, clamped = [], []
+    layers, clamped, rules, guards = [], [], {}, {}
     for lay in base.layers:
         per = [(m.batch, d.get(lay.name, zero)) for m, d in zip(profiles, by)]
+        wu = mean(x.wu_us for _, x in per)
+        g = guards[lay.name] = guard([(n, (x.fw_us + x.bw_us) * n + x.fw_call_us + x.bw_call_us) for n, x in per])
+        if not g.supported:  # the launches do not resolve both parts: the first profile's times, proportional
+            rules[lay.name] = PROPORTIONAL
+            layers.append(replace(lay, wu_us=wu))
+            continue
+        rules[lay.name] = AFFINE
         fa, fb, c1 = _fit([(n, x.fw_us * n + x.fw_call_us) for n, x in per])
         ba, bb, c2 = _fit([(n, x.bw_us * n + x.bw_call_us) for n, x in per])
         if c1 or c2:
             clamped.append(lay.name)
-        layers.append(replace(lay, fw_us=fb, fw_call_us=fa, bw_us=bb, bw_call_us=ba,
-                              wu_us=mean(x.wu_us for _, x in per)))
+        layers.append(replace(lay, fw_us=fb, fw_call_us=fa, bw_us=bb, bw_call_us=ba, wu_us=wu))
     batches = [m.batch for m in profiles]
+    repeats = len(batches) > len(set(batches))
     notes = base.notes + [f"{m.source}: {n}" for m in profiles[1:] for n in m.notes]
     notes.append(f"affine rule: each layer's time per call fitted as a + b x batch on {len(profiles)} profiles at "
-                 f"{', '.join(map(str, batches))} samples per device ({', '.join(m.source for m in profiles)})")
+                 f"{', '.join(map(str, batches))} samples per device ({', '.join(m.source for m in profiles)}), "
+                 "through each batch's median")
+    aff = [n for n, r in rules.items() if r == AFFINE]
+    prop = [n for n, r in rules.items() if r == PROPORTIONAL]
+    how = ("its fixed or per-sample part not above the spread of the repeated profiles at a batch, propagated "
+           "through the fit" if repeats else "a negative fixed or per-sample part; no repeated profiles at one "
+           "batch, so the fit's noise is not known")
+    notes.append(f"guarded: affine for {', '.join(aff) or 'no layer'}; proportional (the first profile's times) for "
+                 f"{', '.join(prop) or 'no layer'} ({how})")
     if clamped:
         notes.append(f"affine fit clamped (a negative slope or intercept, i.e. noise) for: {', '.join(clamped)}")
     return ModelProfile(layers=layers, batch=base.batch, overhead_us=mean(m.overhead_us for m in profiles),
-                        source=base.source, notes=notes, rule=AFFINE, batches=batches)
+                        source=base.source, notes=notes, rule=AFFINE, batches=batches, layer_rules=rules,
+                        guards=guards)

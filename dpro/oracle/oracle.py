@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from dpro.errors import DproInputError
 from dpro.oracle.formulas import STRATEGIES, Options, Prediction, predict
-from dpro.oracle.layers import AFFINE, ModelProfile, affine_profile, model_profile
+from dpro.oracle.layers import AFFINE, Layer, ModelProfile, affine_profile, model_profile
 from dpro.oracle.platform import Platform, platform_of
 
 if TYPE_CHECKING:
@@ -65,6 +65,18 @@ class OracleResult:
             cmd += f" --p2 {pr.devices // g['data']}"
         return cmd
 
+    def _layer_json(self, x: Layer) -> dict:
+        d = {"name": x.name, "kind": x.kind, "fw_us_per_sample": x.fw_us, "bw_us_per_sample": x.bw_us,
+             "fw_call_us": x.fw_call_us, "bw_call_us": x.bw_call_us, "wu_us": x.wu_us,
+             "x_bytes": x.x_bytes, "y_bytes": x.y_bytes, "w_bytes": x.w_bytes, "channels": x.channels,
+             "filters": x.filters, "height": x.height, "width": x.width, "kernel": x.kernel,
+             "batch_rule": self.model.layer_rules.get(x.name, self.model.rule)}
+        g = self.model.guards.get(x.name)
+        if g is not None:  # the affine fit of its forward + backward per call and what the repeats leave of it
+            d["affine_guard"] = {"a_us": g.a_us, "b_us_per_sample": g.b_us, "spread_a_us": g.u_a_us,
+                                 "spread_b_us_per_sample": g.u_b_us, "supported": g.supported}
+        return d
+
     def to_json(self) -> dict:
         rows = []
         for x in self.predictions:
@@ -90,11 +102,7 @@ class OracleResult:
             "platform": self.platform.to_json(),
             "model": {"profiled_batch_per_device": self.model.batch, "overhead_us": self.model.overhead_us,
                       "batch_rule": self.model.rule, "profiled_batches_per_device": self.model.batches,
-                      "layers": [{"name": x.name, "kind": x.kind, "fw_us_per_sample": x.fw_us, "bw_us_per_sample": x.bw_us,
-                                  "fw_call_us": x.fw_call_us, "bw_call_us": x.bw_call_us, "wu_us": x.wu_us,
-                                  "x_bytes": x.x_bytes, "y_bytes": x.y_bytes, "w_bytes": x.w_bytes,
-                                  "channels": x.channels, "filters": x.filters, "height": x.height,
-                                  "width": x.width, "kernel": x.kernel} for x in self.model.layers]},
+                      "layers": [self._layer_json(x) for x in self.model.layers]},
             "strategies": rows,
             "notes": self.notes + self.model.notes,
         }
