@@ -58,3 +58,16 @@ def test_gloo_ddp_gpu_recording_replays_its_steps(tmp_path) -> None:
     assert sum("GPU streams each run work in few steps" in n for n in gt.notes) == 2
     res = prepare(gt).replay()
     assert res.predicted_iteration_us == pytest.approx(res.measured_iteration_us, rel=0.02)
+
+
+def test_aligned_steps_do_not_close_a_cycle() -> None:
+    """Rank 0 of a real DDP-over-gloo ResNet-18 GPU recording (8 calls): in a step aligned with
+    the reference one, ``aten::item``'s launch and wait fall in other pieces, and the sync's
+    wait edge (kept from the reference step only) closed a cycle with the launch edge."""
+    from dpro.gtrace.validate import check_acyclic
+    from dpro.importers.kineto import import_kineto
+
+    gt = import_kineto(DATA.parent / "recorder_resnet18_gloo2_rank0")
+    check_acyclic(gt)
+    assert any("aligned with step 2" in n for n in gt.notes)
+    assert len(gt.manifest.steps) >= 4

@@ -153,3 +153,33 @@ def test_ddp_job_with_shallow_ranks(tmp_path, monkeypatch):
     assert w1.steps[4][1] == w0.steps[4][1] and w1.steps[2][1] != w0.steps[2][1]
     res = replay(gt)
     assert res.predicted_iteration_us > 0 and abs(res.error_pct) <= 25.0, res.to_json()
+
+
+def _first(nt: NodeTrace, step: int, start: float, end: float, ops=("/a", "/b")) -> NodeTrace:
+    nt.first_step = {"step": step, "start": start, "end": end, "cpu_ops": sorted(ops)}
+    return nt
+
+
+def test_first_step_left_out_by_rank0_takes_its_whole_dfg():
+    """On a GPU rank 0 leaves out the profiler's first step (another structure), the only one a
+    shallow rank records: the shallow rank then takes rank 0's DFG and kept steps, shifted by
+    the difference of the first step's ends (its start waited 50 µs on rank 1)."""
+    r0 = _first(_node(0, {4: 1200.0, 5: 1350.0}), 3, 1000.0, 1100.0)
+    r0.edges = [("a", "b")]
+    r1 = _first(_node(1, {3: 980.0}, ("a", "b", "c")), 3, 980.0, 1130.0)  # its own step: an extra op
+    gt = _gtrace(r0, r1)
+    assert fill_shallow_steps(gt, {0: {}, 1: SHALLOW}) == []
+    assert gt.manifest.steps == [4, 5]
+    assert set(r1.ops) == {"a", "b"} and r1.edges == [("a", "b")] and r1.ops["a"] is not r0.ops["a"]
+    assert r1.steps == {4: (1230.0, 100.0), 5: (1380.0, 100.0)}
+    assert sorted((e.step, e.op, e.ts, e.dur) for e in r1.events)[:2] == [(4, "a", 1240.0, 5.0), (4, "b", 1250.0, 5.0)]
+    assert any("worker0 left out the step it recorded ([3]" in n and "shifted by 30 µs" in n for n in gt.notes)
+
+
+def test_first_steps_with_other_operators_refused():
+    r0 = _first(_node(0, {4: 1200.0}), 3, 1000.0, 1100.0)
+    r1 = _first(_node(1, {3: 980.0}), 3, 980.0, 1130.0, ops=("/a", "/other"))
+    gt = _gtrace(r0, r1)
+    unfilled = fill_shallow_steps(gt, {0: {}, 1: SHALLOW})
+    assert unfilled and "first profiled steps ran different operators" in unfilled[0]
+    assert gt.manifest.steps == []

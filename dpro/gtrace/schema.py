@@ -139,6 +139,10 @@ class NodeTrace:
     tensors: list[Tensor] = field(default_factory=list)
     #: what the profiler knew about the node (optimizer type, versions, ...)
     meta: dict = field(default_factory=dict)
+    #: the first profiled step as imported, kept or left out: ``{"step", "start", "end", "cpu_ops"}``
+    #: (the set of ``layer/op`` names on its CPU threads); for shallow ranks
+    #: (dpro.importers.recording.shallow); not written to disk
+    first_step: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import gc
 import logging
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 STEP_END = "STEP_END"
 #: the step of a GPU op launched before the capture began (its launch is not in the trace)
 PRE_CAPTURE = -2
+
+
+#: a segment name's ``[k]`` suffix (the k-th piece of its op)
+_BRACKET = re.compile(r"\[\d+\]$")
 
 
 def is_kineto_path(path: Path) -> bool:
@@ -588,6 +593,10 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
             bucket_of[c] = bucket_of[id(x)]
     name = f"worker{rf.rank}"
     nt = NodeTrace(info=NodeInfo(name=name, role="worker", rank=rf.rank, host=str(rf.meta.get("host_name", "host0"))))
+    first = min(per_step)
+    nt.first_step = {"step": first, "start": steps[first][0], "end": steps[first][1],
+                     "cpu_ops": sorted({f"{s.layer or ''}/{_BRACKET.sub('', s.name)}" for s in per_step[first]
+                                        if s.dev.startswith("cpu")})}
     period = gpu_bound_period(steps, gpu)
     if period is not None:
         nt.meta[GPU_PERIOD_META] = period
@@ -632,8 +641,11 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         for a, b in edges:
             ia, ib = ids[id(a)], ids[id(b)]
             # a blocking sync starts before the GPU op it waited for: kept when that op
-            # started inside it (every path out of the sync starts after the sync ends)
-            waited = b.sync is not None and a.dev.startswith("gpu") and a.ts < b.end
+            # started inside it (every path out of the sync starts after the sync ends), in
+            # the reference step only: in a step aligned with it, an op cut into another
+            # number of pieces (aten::item: launch, then wait) can name the launching piece
+            # as the waiting one, and the edge would close a cycle with the launch edge
+            waited = st == same[0] and b.sync is not None and a.dev.startswith("gpu") and a.ts < b.end
             if order[ia] < order[ib] or (a.dev == b.dev and ia != ib) or waited:
                 edge_set.add((ia, ib))
         t0, t1 = steps[st]

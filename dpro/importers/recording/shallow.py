@@ -15,11 +15,20 @@ the step both recorded, the same number of events of each op; where it does not 
 is absent or is shallow itself), nothing is filled in, with a note, and the replay keeps the
 steps all ranks recorded (the first call alone). Not checked: unequal inputs per rank
 (variable sequence lengths), which the one shared step may not show.
+
+Where rank 0 left that step out (on a GPU the profiler's first step runs CUDA event calls the
+later steps do not, and is dropped as a step of another structure), the shallow rank takes
+rank 0's whole DFG and kept steps instead, shifted by the difference of the two ranks' ends
+of their first profiled step (its collectives end it together; a rank can start it late), if that first step ran the same set of operators (``layer/op``
+names on the CPU threads: :attr:`NodeTrace.first_step`) on both ranks; its own first step is
+then not replayed. GPU kernels are not compared: with ``cudnn.benchmark`` each process picks
+its own convolution kernels.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from dpro.contracts.recording import MetaKey
 from dpro.gtrace.schema import Event, GTrace, NodeTrace
@@ -49,9 +58,12 @@ def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> list[str]:
     ref = next((nt for nt in gt.nodes.values() if nt.info.rank == 0 and nt not in shallow), None)
     for nt in shallow:
         common = sorted(set(nt.steps) & set(ref.steps)) if ref is not None else []
+        if ref is not None and not common and (note := _take_whole(nt, ref)) is not None:
+            gt.notes.append(note)
+            continue
         why = ("no rank 0 that recorded the whole window" if ref is None
                else (f"no step recorded by both (it has step(s) {sorted(nt.steps)}, {ref.info.name} replays "
-                     f"{sorted(ref.steps)}: a first call that differs from the later ones, as on a GPU, is left out)")
+                     f"{sorted(ref.steps)}; their first profiled steps ran different operators)")
                if not common else _mismatch(ref, nt, common[0]))
         if why is not None:
             failed.append(f"{nt.info.name}: shallow rank (DPRO_SHALLOW_RANKS): its later steps not taken from "
@@ -69,3 +81,20 @@ def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> list[str]:
                         f"{ref.info.name}'s (same ops; step {anchor} recorded by both)")
     gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
     return failed
+
+
+def _take_whole(nt: NodeTrace, ref: NodeTrace) -> str | None:
+    """Give ``nt`` ``ref``'s DFG and kept steps, shifted to ``nt``'s clock, if both ranks' first
+    profiled step ran the same operators (module doc); the note, or None where they did not."""
+    a, b = nt.first_step, ref.first_step
+    if a is None or b is None or a["step"] != b["step"] or a["cpu_ops"] != b["cpu_ops"]:
+        return None
+    off = a["end"] - b["end"]  # the step's last collective ends it on every rank; its start can wait
+    own = sorted(nt.steps)
+    nt.ops = {k: replace(o) for k, o in ref.ops.items()}
+    nt.edges = list(ref.edges)
+    nt.events = [Event(e.op, e.step, e.ts + off, e.dur) for e in ref.events]
+    nt.steps = {s: (t0 + off, d) for s, (t0, d) in ref.steps.items()}
+    return (f"{nt.info.name}: shallow rank (DPRO_SHALLOW_RANKS): {ref.info.name} left out the step it recorded "
+            f"({own}, the profiler's first, of another structure); both ran the same operators in it, so it "
+            f"replays {ref.info.name}'s DFG and steps {sorted(ref.steps)}, shifted by {off:.0f} µs")
