@@ -10,7 +10,13 @@ all-reduce, so rank 0's wall is the job's step):
   window; 2 untimed calls, ``--steps`` timed, one untimed that ends the window);
 * ``dpro_shallow``: the same with ``DPRO_SHALLOW_RANKS=1`` (ranks other than 0 stop
   torch.profiler after the window's first call; skipped at world size 1);
-* ``dpro_light``: the same with ``DPRO_CUDA_LIGHT=1`` (CPU operators in the first call only).
+* ``dpro_light``: the same with ``DPRO_CUDA_LIGHT=1`` (CPU operators in the first call only);
+* ``dpro_nodefer``: the default with ``DPRO_DEFER_WRITE=0`` (the trace exported in the window's
+  last call, before the recorder's calls timed after the window; not run unless named).
+
+``--after-every``: every recorder window also runs the recorder's calls after the window, and
+``OUT/<job>.json`` gets rank 0's median of them per window (``after_us``): the pace the
+unprofiled correction scales to, next to the ``off`` windows.
 
 In the last round each recorder variant keeps its trace (``OUT/<job>/<variant>/``, with the
 recorder's 20 calls timed after the window) for ``dpro collect`` + ``dpro replay`` elsewhere;
@@ -48,8 +54,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 JOBS = {"resnet18_ddp1": ("nccl", 1), "resnet18_gloo2": ("gloo", 2), "mlp_gloo2": ("gloo", 2)}
-VARIANTS = ("off", "dpro", "dpro_shallow", "dpro_light")
-ENV = {"dpro": {}, "dpro_shallow": {"DPRO_SHALLOW_RANKS": "1"}, "dpro_light": {"DPRO_CUDA_LIGHT": "1"}}
+VARIANTS = ("off", "dpro", "dpro_shallow", "dpro_light", "dpro_nodefer")
+ENV = {"dpro": {}, "dpro_shallow": {"DPRO_SHALLOW_RANKS": "1"}, "dpro_light": {"DPRO_CUDA_LIGHT": "1"},
+       "dpro_nodefer": {"DPRO_DEFER_WRITE": "0"}}
 
 
 def _job(name: str, cpu: bool) -> tuple:
@@ -87,16 +94,18 @@ def _sync(cpu: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _window(job: tuple, variant: str, steps: int, cpu: bool, out: Path | None) -> float:
-    """µs per step of ``steps`` timed calls under ``variant``; with ``out`` the recorder's
-    trace is kept there and its calls after the window run."""
+def _window(job: tuple, variant: str, steps: int, cpu: bool, out: Path | None,
+            after: bool = False) -> tuple[float, float | None]:
+    """µs per step of ``steps`` timed calls under ``variant``, and rank 0's median of the
+    recorder's calls after the window where they ran (with ``out``, which keeps the trace, or
+    ``after``)."""
     if variant == "off":
         _sync(cpu)
         t0 = time.perf_counter()
         for _ in range(steps):
             _step(job, cpu)
         _sync(cpu)
-        return (time.perf_counter() - t0) / steps * 1e6
+        return (time.perf_counter() - t0) / steps * 1e6, None
     import dpro
 
     env = ENV[variant]
@@ -124,14 +133,20 @@ def _window(job: tuple, variant: str, steps: int, cpu: bool, out: Path | None) -
     _sync(cpu)
     us = (time.perf_counter() - t0) / steps * 1e6
     call()  # ends the window
-    if tmp is None:
+    ran = tmp is None or after
+    if ran:
         for _ in range(rec.config.after):  # the recorder's timed calls after the window
             call()
     rec.close()
+    after_us = None
+    meta = out / "rank0.meta.json"
+    if ran and dist.get_rank() == 0 and meta.is_file():
+        walls = json.loads(meta.read_text()).get("step_wall_after_us") or []
+        after_us = statistics.median(walls) if walls else None
     if tmp is not None:
-        dist.barrier()  # every rank has written before the folder goes
+        dist.barrier()  # every rank has written (and rank 0 read) before the folder goes
         tmp.cleanup()
-    return us
+    return us, after_us
 
 
 def _rank_main(rank: int, world: int, backend: str, name: str, a: argparse.Namespace) -> None:
@@ -149,16 +164,20 @@ def _rank_main(rank: int, world: int, backend: str, name: str, a: argparse.Names
     variants = [v for v in a.variants.split(",") if not (v == "dpro_shallow" and world == 1)
                 and not (v == "dpro_light" and a.cpu)]
     res: dict[str, list[float]] = {v: [] for v in variants}
+    after: dict[str, list[float | None]] = {v: [] for v in variants if v != "off"}
     for r in range(a.rounds):
         for v in variants:
             keep = a.out / name / v if r == a.rounds - 1 and v != "off" else None
-            res[v].append(_window(job, v, a.steps, a.cpu, keep))
+            us, after_us = _window(job, v, a.steps, a.cpu, keep, a.after_every)
+            res[v].append(us)
+            if v != "off":
+                after[v].append(after_us)
     if rank == 0:
         off = statistics.median(res["off"])
         meta = {"job": name, "world": world, "backend": backend, "torch": torch.__version__,
                 "device": "cpu" if a.cpu else torch.cuda.get_device_name(0),
                 "steps": a.steps, "rounds": a.rounds, "windows_us": res,
-                "median_us": {v: statistics.median(t) for v, t in res.items()}}
+                "median_us": {v: statistics.median(t) for v, t in res.items()}, "after_us": after}
         (a.out / f"{name}.json").write_text(json.dumps(meta, indent=1))
         print(f"{name}: " + ", ".join(
             f"{v} {statistics.median(t):.0f} us ({100 * (statistics.median(t) / off - 1):+.1f} %)"
@@ -170,7 +189,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--jobs", default=",".join(JOBS))
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(VARIANTS[:4]))
+    p.add_argument("--after-every", action="store_true",
+                   help="run the recorder's calls after every window and keep rank 0's median of them")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--cpu", action="store_true", help="a small CPU MLP instead (checks the harness)")
