@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record_kineto import _step as kineto_step  # noqa: E402
 
 JOBS = {"resnet18_ddp1": ("nccl", 1), "resnet18_gloo2": ("gloo", 2), "mlp_gloo2": ("gloo", 2)}
 VARIANTS = ("off", "dpro", "dpro_shallow", "dpro_light", "dpro_nodefer")
@@ -79,14 +80,7 @@ def _job(name: str, cpu: bool) -> tuple:
 
 def _step(job: tuple, cpu: bool) -> None:
     model, batch, loss_fn, opt, sync = job
-    x, y = batch()
-    with torch.autocast("cpu" if cpu else "cuda", dtype=torch.bfloat16, enabled=not cpu):
-        loss = loss_fn(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    if sync:
-        loss.item()
+    kineto_step(model, batch(), loss_fn, opt, sync, autocast=not cpu)  # bf16 autocast on the GPU
 
 
 def _sync(cpu: bool) -> None:

@@ -129,9 +129,9 @@ JOBS = ["resnet50_sync", "resnet50_async", "gpt_sync", "mlp_launch_bound", "resn
 
 
 def _step(model: nn.Module, batch: tuple, loss_fn: Callable, opt: torch.optim.Optimizer,
-          sync: bool) -> None:
+          sync: bool, autocast: bool = True) -> None:
     x, y = batch
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         loss = loss_fn(model(x), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
