@@ -86,7 +86,9 @@ def ddp4(tmp_path_factory) -> GTrace:
            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
            "--master_addr", "127.0.0.1", "--master_port", str(_port()),
            str(EXAMPLE), "--model", "mlp", "--bucket-cap-mb", "5", "--steps", "14"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # every rank records the whole window: the clocks under test are the ranks' own (4 ranks
+    # on 2 cores would otherwise take ranks 1-3's later steps from rank 0, shallow ranks)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DPRO_SHALLOW_RANKS": "0"}
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     gt = load_gtrace(out)

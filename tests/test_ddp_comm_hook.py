@@ -50,3 +50,46 @@ def test_a_jobs_own_hook_is_kept(ddp_model, tmp_path, caplog):
     meta = _window(ddp_model, tmp_path / "a")
     assert meta["buckets"] == []
     assert "cannot register the DDP bucket hook" in caplog.text
+
+
+@pytest.mark.parametrize("env,local,want", [
+    ({}, "8", True),  # unset: 8 local ranks on this host's fewer cores, DDP over every rank
+    ({}, "1", False),  # unset: a core each
+    ({"DPRO_SHALLOW_RANKS": "0"}, "8", False),
+    ({"DPRO_SHALLOW_RANKS": "1"}, "1", True),
+])
+def test_shallow_ranks_where_ranks_share_cores(ddp_model, tmp_path, monkeypatch, env, local, want):
+    """Shallow ranks by default only where the host runs more ranks of a DDP model over every
+    rank than it has cores (LOCAL_WORLD_SIZE against os.cpu_count()); DPRO_SHALLOW_RANKS
+    decides where set."""
+    import os
+
+    import dpro
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rec = dpro.Recorder(ddp_model, out_dir=str(tmp_path), warmup=0, steps=2)
+    step = dpro.profile(rec)(lambda: ddp_model(torch.randn(4, 16)).sum().backward())
+    step()
+    assert rec._backend._shallow_wanted() is want
+    step()
+    rec.close()
+
+
+def test_no_shallow_ranks_for_a_plain_model(tmp_path, monkeypatch):
+    import os
+
+    import dpro
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("DPRO_AFTER_STEPS", "0")
+    model = torch.nn.Linear(4, 1)
+    rec = dpro.Recorder(model, out_dir=str(tmp_path), warmup=0, steps=2)
+    step = dpro.profile(rec)(lambda: model(torch.randn(2, 4)).sum().backward())
+    step()
+    assert rec._backend._shallow_wanted() is False
+    step()
+    rec.close()

@@ -36,10 +36,14 @@ def test_defaults_and_bad_value(monkeypatch):
     assert not c.enabled and "DPRO_PROFILE_MEMORY" in (c.problem or "")
 
 
-@pytest.mark.parametrize("var,attr", [("DPRO_CUDA_LIGHT", "cuda_light"), ("DPRO_SHALLOW_RANKS", "shallow_ranks")])
-def test_opt_in_switches(monkeypatch, var, attr):
-    """Off unless set; a value that is not a yes/no turns recording off with the reason."""
+@pytest.mark.parametrize("var,attr,unset", [("DPRO_CUDA_LIGHT", "cuda_light", False),
+                                             ("DPRO_SHALLOW_RANKS", "shallow_ranks", None)])
+def test_opt_in_switches(monkeypatch, var, attr, unset):
+    """Off (CUDA-light) or decided by the recorder (shallow ranks: None) unless set; 0 is off;
+    a value that is not a yes/no turns recording off with the reason."""
     monkeypatch.delenv(var, raising=False)
+    assert getattr(RecordConfig.resolve("o", None, None), attr) is unset
+    monkeypatch.setenv(var, "0")
     assert getattr(RecordConfig.resolve("o", None, None), attr) is False
     monkeypatch.setenv(var, "1")
     assert getattr(RecordConfig.resolve("o", None, None), attr) is True

@@ -80,10 +80,10 @@ ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
 #: copies, runtime calls: the timing), far cheaper (``dpro profile --cuda-light``;
 #: :func:`light_trace_name`, ``MetaKey.CUDA_LIGHT``)
 ENV_CUDA_LIGHT = "DPRO_CUDA_LIGHT"
-#: ``1``/``true``/``yes``, EXPERIMENTAL (a measurement of #31's design, docs/fidelity.md "DDP
-#: transformer at 4 workers: where the window's time goes"): PyTorch ranks other than 0 stop
-#: torch.profiler after the window's first call (rank 0 records the whole window). The replay
-#: takes those ranks' later steps from rank 0's (``MetaKey.SHALLOW``).
+#: ``1``/``0``: PyTorch ranks other than 0 stop torch.profiler after the window's first call
+#: (rank 0 records the whole window), or not; the replay takes those ranks' later steps from
+#: rank 0's (``MetaKey.SHALLOW``). Unset: only for a DDP model over every rank on a host that
+#: runs more ranks than it has cores (docs/profiling.md "Shallow ranks").
 ENV_SHALLOW_RANKS = "DPRO_SHALLOW_RANKS"
 #: dpro's NCCL profiler plugin library to load (default: the one built in native/nccl_patch)
 ENV_NCCL_PLUGIN = "DPRO_NCCL_PLUGIN"

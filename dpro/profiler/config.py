@@ -63,9 +63,10 @@ class RecordConfig:
     #: PyTorch on CUDA: CPU operators in the window's first step only, CUDA activity alone in
     #: the others (``DPRO_CUDA_LIGHT``, ``dpro profile --cuda-light``; docs/profiling.md)
     cuda_light: bool = False
-    #: PyTorch, EXPERIMENTAL: ranks other than 0 stop the profiler after the window's first
-    #: call (``DPRO_SHALLOW_RANKS``; dpro/contracts/recording.py)
-    shallow_ranks: bool = False
+    #: PyTorch: ranks other than 0 stop the profiler after the window's first call
+    #: (``DPRO_SHALLOW_RANKS``; dpro/contracts/recording.py); None: where the host runs more
+    #: ranks of a data-parallel DDP model than it has cores (the recorder decides)
+    shallow_ranks: bool | None = None
     #: why recording is off although not disabled on purpose (a bad ``DPRO_*`` value)
     problem: str | None = None
 
@@ -88,7 +89,7 @@ class RecordConfig:
         memory = _env_bool(ENV_PROFILE_MEMORY, DEFAULT_PROFILE_MEMORY, problems)
         defer = _env_bool(ENV_DEFER_WRITE, True, problems)
         light = _env_bool(ENV_CUDA_LIGHT, False, problems)
-        shallow = _env_bool(ENV_SHALLOW_RANKS, False, problems)
+        shallow = _env_bool(ENV_SHALLOW_RANKS, None, problems)
         tf_level = _env_int(ENV_TF_HOST_TRACER_LEVEL, 2, 1, problems)
         if tf_level > 3:
             problems.append(f"{ENV_TF_HOST_TRACER_LEVEL}={tf_level} is outside 1..3")
@@ -141,7 +142,7 @@ def _env_int(name: str, default: int, minimum: int, problems: list[str]) -> int:
     return v
 
 
-def _env_bool(name: str, default: bool, problems: list[str]) -> bool:
+def _env_bool(name: str, default: bool | None, problems: list[str]) -> bool | None:
     """``1/true/yes`` or ``0/false/no`` in ``os.environ[name]``; else ``default`` (a
     different value is added to ``problems``)."""
     text = os.environ.get(name, "").strip().lower()

@@ -167,7 +167,7 @@ class TorchBackend:
         self.light_steps: list[int] = []
         #: where the structure step's session was exported at the switch (light mode)
         self._struct_tmp: tempfile.TemporaryDirectory | None = None
-        #: ``config.shallow_ranks`` on a rank other than 0: the profiler was stopped after
+        #: shallow ranks (:meth:`_shallow_wanted`) on a rank other than 0: the profiler was stopped after
         #: the window's first call
         self.shallow = False
         self.hooks: list[Any] = []
@@ -295,12 +295,32 @@ class TorchBackend:
         token.__exit__(None, None, None)  # type: ignore[attr-defined]
         if self.light and self.light_prof is None and len(self.steps) == 1 and self.config.steps > 1:
             self._go_light()
-        elif (self.config.shallow_ranks and not self.light and not self.shallow and len(self.steps) == 1
-              and self.config.steps > 1 and _rank_world()[0] != 0):
+        elif (not self.light and not self.shallow and len(self.steps) == 1 and self.config.steps > 1
+              and _rank_world()[0] != 0 and self._shallow_wanted()):
             self._go_shallow()
 
+    def _shallow_wanted(self) -> bool:
+        """``config.shallow_ranks``; where unset (auto), whether the model is DDP over every
+        rank (data parallel: all ranks run the same ops) and this host runs more ranks than
+        it has cores (``LOCAL_WORLD_SIZE``, set by torchrun, against ``os.cpu_count()``): there
+        each rank's per-op recording takes cores from the others and the synchronous step
+        waits for the slowest (docs/profiling.md "Shallow ranks")."""
+        if self.config.shallow_ranks is not None:
+            return self.config.shallow_ranks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not isinstance(self.model, DDP):
+            return False
+        try:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+            world = _rank_world()[1]
+            group = self.model.process_group.size() if self.model.process_group is not None else world
+        except (ValueError, RuntimeError, AttributeError):
+            return False
+        return group == world and local > (os.cpu_count() or local)
+
     def _go_shallow(self) -> None:
-        """EXPERIMENTAL (``config.shallow_ranks``), between two calls: stop this rank's
+        """Shallow ranks (:meth:`_shallow_wanted`), between two calls: stop this rank's
         profiler after the window's first call; its later calls run unrecorded."""
         self._remove_layer_hooks()
         self.prof.stop()
