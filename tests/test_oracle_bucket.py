@@ -70,3 +70,21 @@ def test_stream_with_refill() -> None:
     f0 = stream_wire(bucket, 1, 32768, 8, 0)
     assert f0 == pytest.approx(131.072 + 0.04 * 131072)
     assert stream_alpha(bucket, 1, 32768, 8, f0 / 8 - 100) == pytest.approx(-100)
+
+
+def test_pipeline_through_one_stage_link() -> None:
+    """GPipe on 2 stages of the two-layer network (B = 8, 2 micro-batches of 4): 4 transfers
+    of 4 x 256 B on the critical path, but each stage's link carries 2 per step; the
+    compute (3 x (40 + 80) + 5 = 365 µs) is spread over those 2: 182.5 µs + α 10 µs refill
+    192.5 / 0.4 = 481.25 B, the 1024 B transfer empties the bucket each time."""
+    from dpro.oracle.calibration import Calibration
+    from dpro.oracle.formulas import P2P, Options, predict
+    from dpro.oracle.platform import Platform
+    from test_oracle import B, two_layers
+
+    slow = Cost(10, 0.4, 1000, 0.001)
+    plat = Platform(10.0, 0.4, calibration=Calibration({2: {"allreduce": slow}}))
+    x = predict(two_layers(), "pipeline", 2, plat, Options(batch=B, micro=2))
+    assert x.busy_us == pytest.approx(365) and x.refill_us == pytest.approx(182.5)
+    fast = 192.5 / 0.4
+    assert x.communication_us[P2P] == pytest.approx(4 * (10 + 0.001 * fast + 0.4 * (1024 - fast)))  # 910.325

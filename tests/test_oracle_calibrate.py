@@ -75,7 +75,7 @@ def test_bucket_refills_between_collectives() -> None:
     gather_fc = 10 + 0.001 * 32                                # 10.032: out of the 553.3 B left
     reduce_fc = 20 + 0.001 * 1000 + 0.1 * (2048 - 1000)        # 125.8: a full bucket, then the rate
     assert x.communication_us[LAYERWISE] == pytest.approx(gather_conv + gather_fc + reduce_fc)  # 193.452
-    # the model before #29's session 28: each message after an empty bucket refilled only by
+    # the model before branch orclink27: each message after an empty bucket refilled only by
     # the compute gap (45.33 µs: 453.3 B): 257.472 µs
     assert x.communication_us[LAYERWISE] < 257.472 - 60
     # data: one all-reduce after 140 µs of compute: a full bucket
