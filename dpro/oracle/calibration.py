@@ -18,8 +18,9 @@ times its calls (ring steps) plus the wire time of the bytes one rank sends, S:
 result), a halo exchange with nb neighbours ``α + W(nb·m)`` (isend/irecv to each, then
 wait; one link carries them). ``W(S) = βS`` on a plain link; on a link with a token
 bucket (a ``tc tbf`` cap, a cloud NIC's burst credit) the first ``burst_bytes`` go at
-``burst_beta`` and the rest at β (:meth:`Cost.wire`; the bucket refills at the capped rate
-1/β between collectives). ``host``: per call + per byte of the copies examples/parallel/
+``burst_beta`` and the rest at β (:meth:`Cost.wire`, from a full bucket; over a step the
+bucket refills at the capped rate 1/β while no byte moves and keeps what a message leaves:
+dpro/oracle/bucket.py). ``host``: per call + per byte of the copies examples/parallel/
 makes around its collectives, and one autograd.Function's forward + backward (µs).
 ``topology``: whether two collectives of disjoint ranks share a link (loopback, one NIC
 per host: the contention penalty applies) or every rank has its own (per-rank capped
@@ -42,6 +43,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from dpro.oracle.bucket import stream_alpha
 
 COLLECTIVES = ("allreduce", "allgather", "exchange")
 HOST_OPS = ("cat", "slice", "clone", "zeros")
@@ -251,9 +254,14 @@ def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | N
     (measure.py: ``calls`` calls in a row, each ``steps`` ring steps sending
     S = ``steps * bytes / per`` bytes).
 
-    Each sample's α is what is left of it after the wire time, ``(t - W(calls·S)/calls) /
-    steps``, W the isolated calls' fit ``wire`` of the same kind (its β and token bucket,
-    which a stream drains from full), else βS by least squares over the samples. Per
+    Each sample's α is what is left of it after the wire time: ``calls·steps·α + W = calls·t``
+    (dpro/oracle/bucket.py :func:`stream_alpha`), W the isolated calls' fit ``wire`` of the
+    same kind, else βS by least squares over the samples. On a link with a token bucket
+    W follows the bucket from full through the calls, refilled during each call's α; only
+    the sizes whose whole stream (calls·S bytes) the full bucket passes at the line rate
+    are kept (beyond, the calls wait for the capped rate, which hides α: a stream of
+    128 KiB messages under a 128 KiB bucket takes its bytes' time at the rate whatever α
+    is), all of them when none is that small. Per
     round, the mean of its samples' α (pooled over the sizes, the ``TRIM`` share at each
     end dropped: a step pays the mean); α = the **median over the rounds**, the spread
     (lowest, median, highest round). β and the bucket: those of W. None without samples."""
@@ -264,9 +272,12 @@ def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | N
         S = np.array([steps * b / per for _, b, _ in pts])
         (_, beta), _ = _nnls(np.column_stack([np.full_like(S, steps), S]), np.array([t for *_, t in pts]))
         wire = Cost(0.0, float(beta))
+    if wire.burst > 0:  # α where a stream's bytes all leave at the line rate (beyond, the rate hides α)
+        inside = [x for x in pts if calls * steps * x[1] / per <= wire.burst]
+        pts = inside or pts
     by: dict[int, list[float]] = {}
     for r, b, t in pts:
-        by.setdefault(r, []).append((t - wire.wire(calls * steps * b / per) / calls) / steps)
+        by.setdefault(r, []).append(stream_alpha(wire, steps, steps * b / per, calls, t))
     means = sorted(float(np.mean(_trim(v))) for v in by.values())
     mid = statistics.median(means)
     return PerCall(replace(wire, alpha=max(0.0, mid)), (means[0], mid, means[-1]), len(means))

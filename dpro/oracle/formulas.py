@@ -15,8 +15,10 @@ where m is the whole buffer (the all-gather's result). Times µs, sizes bytes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from dpro.oracle.bucket import Message, key, steady_wires
 from dpro.oracle.calibration import Cost, HostCosts, with_per_call
 from dpro.oracle.layers import CHANNELWISE, WEIGHTED, Layer, ModelProfile
 from dpro.oracle.platform import Platform
@@ -26,6 +28,16 @@ STRATEGIES = ("data", "spatial", "filter", "channel", "pipeline", "data+filter",
 GE, LAYERWISE, HALO, P2P = "gradient_exchange", "layerwise_collectives", "halo_exchange", "pipeline_p2p"
 
 
+@dataclass(eq=False)
+class Wires:
+    """A link's token bucket over a step (dpro/oracle/bucket.py): ``record`` collects the
+    messages a prediction charges, in the step's order (each costed from a full bucket);
+    ``table`` then gives each message its wire time in the step's steady state."""
+
+    record: list[Message] | None = None
+    table: dict[tuple[Cost, int], float] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """Collective costs over a platform with a contention penalty ``phi``: per call α and
@@ -33,7 +45,9 @@ class Link:
     bucket, its burst as refilled in the ``refill_us`` between two collectives at the
     capped rate); ``gather`` and ``exch``: the all-gather's and the halo exchange's costs
     when calibrated apart (dpro/oracle/calibration.py), else the all-reduce's; ``send``:
-    a pipeline P2P's (the per-call α of back-to-back send/recv pairs), else the all-reduce's."""
+    a pipeline P2P's (the per-call α of back-to-back send/recv pairs), else the all-reduce's;
+    ``wires``: the token bucket followed over the step's messages (:class:`Wires`), which
+    overrides ``refill_us`` for the messages it holds."""
 
     ar: Cost
     phi: float = 1.0
@@ -41,9 +55,24 @@ class Link:
     exch: Cost | None = None
     refill_us: float = math.inf
     send: Cost | None = None
+    wires: Wires | None = None
 
-    def _t(self, c: Cost, calls: float, sent: float) -> float:
-        return calls * c.alpha + self.phi * c.wire(sent, self.refill_us)
+    def _t(self, c: Cost, calls: float, sent: float, times: int = 1, through: int | None = None) -> float:
+        """``times`` calls of ``calls`` per-call α and ``sent`` bytes on the wire (with
+        ``wires``: recorded, or costed as the step's steady state has it; ``through``: how
+        many of them pass one rank's link per step, default ``times``)."""
+        w = self.wires
+        if w is not None and w.record is not None:
+            w.record.append(Message(c, calls, sent, times, times if through is None else through))
+            wire = c.wire(sent)
+        elif w is not None and w.table is not None and c.burst > 0:
+            # a message the step's record does not hold (a pipeline's smaller transfers, on
+            # links of their own): alone on its link, once per gap
+            got = w.table.get(key(c, sent))
+            wire = got if got is not None else steady_wires([Message(c, calls, sent)], self.refill_us)[key(c, sent)]
+        else:
+            wire = c.wire(sent, self.refill_us)
+        return times * (calls * c.alpha + self.phi * wire)
 
     def allreduce(self, n: int, m: float) -> float:
         return self._t(self.ar, 2 * (n - 1), 2 * (n - 1) * m / n) if n > 1 else 0.0
@@ -51,10 +80,10 @@ class Link:
     def allgather(self, n: int, m: float) -> float:
         return self._t(self.gather or self.ar, n - 1, (n - 1) * m / n) if n > 1 else 0.0
 
-    def p2p(self, m: float) -> float:
-        """One blocking send to one peer (ParaDL's P2P): the calibrated back-to-back send's
-        cost when there is one, else a ring step's."""
-        return self._t(self.send or self.ar, 1, m)
+    def p2p(self, m: float, times: int = 1, through: int | None = None) -> float:
+        """``times`` blocking sends to one peer (ParaDL's P2P): the calibrated back-to-back
+        send's cost when there is one, else a ring step's (``through``: as :meth:`_t`)."""
+        return self._t(self.send or self.ar, 1, m, times, through)
 
     def exchange(self, nb: int, m: float) -> float:
         """One halo exchange of m bytes with each of ``nb`` neighbours: measured as one
@@ -76,6 +105,9 @@ class Link:
 
     def refilled(self, gap_us: float) -> Link:
         return replace(self, refill_us=gap_us)
+
+    def with_wires(self, wires: Wires | None) -> Link:
+        return replace(self, wires=wires)
 
 
 def link_of(platform: Platform, devices: int) -> Link:
@@ -143,6 +175,8 @@ class Prediction:
     calls: int = 0
     #: the compute between two of them (µs) that refilled the link's token bucket (inf: none, or full)
     refill_us: float = math.inf
+    #: the wire time (µs) of each message in the token bucket's steady state over the step (None: no bucket)
+    wires: dict[tuple[Cost, int], float] | None = None
 
     @property
     def comm_us(self) -> float:
@@ -198,13 +232,16 @@ def _filter_like(m: ModelProfile, p: int, b: float, link: Link, channel: bool,
     rest = [lay for lay in m.layers if lay not in split]
     comp = _time(split, b / p) + _time(rest, b) + sum(lay.wu_us for lay in m.layers) / p + m.overhead_us
     comm = hw = 0.0
-    for i, (w, last) in enumerate(_blocks(m)):
+    blocks = list(enumerate(_blocks(m)))
+    for i, (w, last) in blocks:  # forward, in the step's order (the token bucket follows it)
         if channel:  # forward: all-reduce of the partial outputs; backward: all-gather of dL/dx
-            comm += link.allreduce(p, b * w.y_bytes) + (link.allgather(p, b * w.x_bytes) if i else 0.0)
+            comm += link.allreduce(p, b * w.y_bytes)
             hw += sum(channel_host(host, b * w.x_bytes, b * w.y_bytes, p, i == 0)) if p > 1 else 0.0
         else:  # forward: all-gather of the block's output; backward: all-reduce of dL/dx
-            comm += link.allgather(p, b * last.y_bytes) + (link.allreduce(p, b * w.x_bytes) if i else 0.0)
+            comm += link.allgather(p, b * last.y_bytes)
             hw += sum(gather_host(host, b * last.y_bytes, p)) if p > 1 else 0.0
+    for i, (w, _) in reversed(blocks[1:]):  # backward, last block first
+        comm += link.allgather(p, b * w.x_bytes) if channel else link.allreduce(p, b * w.x_bytes)
     nblocks = len(_blocks(m))
     return comp, comm, hw, (2 * nblocks - 1 if nblocks and p > 1 else 0)
 
@@ -235,9 +272,11 @@ def _spatial_like(m: ModelProfile, p: int, b: float, link: Link,
     comp = _time(sp, b / p) + _time(rest, b) + sum(lay.wu_us for lay in m.layers) + m.overhead_us
     nb = min(2, p - 1)  # neighbours of an inner device
     convs = [lay for lay in sp if lay.halo_bytes()] if p > 1 else []
-    halo = sum(2 * link.exchange(nb, b * lay.halo_bytes()) for lay in convs)
+    # in a step's order (the token bucket follows it): forward halos, the row gather, backward halos
+    halo = sum(link.exchange(nb, b * lay.halo_bytes()) for lay in convs)
     gathered = bool(sp and rest and p > 1)
     gather = link.allgather(p, b * sp[-1].y_bytes) if gathered else 0.0
+    halo += sum(link.exchange(nb, b * lay.halo_bytes()) for lay in reversed(convs))
     hw = {HALO: sum(sum(halo_host(host, b * lay.x_bytes / p, b * lay.halo_bytes())) for lay in convs),
           LAYERWISE: sum(gather_host(host, b * sp[-1].y_bytes, p)) if gathered else 0.0}
     calls = 2 * len(convs) + int(gathered)
@@ -285,7 +324,10 @@ def pipeline(m: ModelProfile, p: int, B: int, link: Link, gamma: float = 1.0, mi
     bw = max(sum(lay.bw_us * b + lay.bw_call_us for lay in g) for g in groups)
     wu = max(sum(lay.wu_us for lay in g) for g in groups)
     comp = (p + S - 1) * (fw + bw) + wu + m.overhead_us
-    comm = 2 * (p + S - 2) * max((link.p2p(b * g[-1].y_bytes) for g in groups[:-1]), default=0.0)
+    # the largest activation crosses one link S times forward and S times backward; an inner
+    # stage's link carries its sends both ways (2S per step), an end stage's S
+    top = max((b * g[-1].y_bytes for g in groups[:-1]), default=0.0)
+    comm = link.p2p(top, 2 * (p + S - 2), 2 * S if p > 2 else S) if p > 1 else 0.0
     mem = max(_memory(g, B, 1.0, gamma) for g in groups)
     # a stage sends after each micro-batch's forward or backward: one call per pass
     return Prediction("pipeline", p, comp, {P2P: comm}, mem, grid, calls=2 * (p + S - 1) if p > 1 else 0)
@@ -368,27 +410,47 @@ class Options:
 def predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options) -> Prediction:
     """The best grid of ``strategy`` on ``p`` devices (hybrids: every p1 x p2 = p with both > 1);
     compute is slowed by the platform's core sharing (:meth:`Platform.slowdown`). On a link
-    with a token bucket, a second pass refills it in the mean compute between two of the
-    first pass's collectives (busy time / calls)."""
+    with a token bucket, each grid is costed with the bucket followed over its step
+    (:func:`_bucketed`)."""
     link, f = link_of(platform, p), platform.slowdown(p)
-    pr = _predict(m, strategy, p, platform, opts, link)
-    if link.bursty and pr.calls and math.isfinite(pr.busy_us):
-        gap = pr.busy_us * f / pr.calls
-        pr = _predict(m, strategy, p, platform, opts, link.refilled(gap))
-        pr.refill_us = gap
+    pr = _predict(m, strategy, p, platform, opts, link, f)
     pr.compute_us *= f
     pr.host_us = {k: v * f for k, v in pr.host_us.items()}
     return pr
 
 
-def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options, link: Link) -> Prediction:
+def _bucketed(run: Callable[[Link], Prediction], link: Link, slowdown: float) -> Prediction:
+    """``run`` on ``link``; on a link with a token bucket, three passes: one from a full
+    bucket (the busy time), one recording the step's messages in order, one costing each
+    message as the bucket's steady state over the step has it (dpro/oracle/bucket.py): the
+    busy time (× core sharing) spread evenly before the messages that pass one rank's link,
+    each also refilling during its own per-call α. ``refill_us`` and ``wires`` of the
+    prediction say so (``--simulate`` charges the same)."""
+    pr = run(link)
+    if not (link.bursty and pr.calls and math.isfinite(pr.busy_us)):
+        return pr
+    rec = Wires(record=[])
+    run(link.with_wires(rec))
+    n = sum(msg.through for msg in rec.record or [])
+    if not n:
+        return pr
+    gap = pr.busy_us * slowdown / n
+    table = steady_wires(rec.record or [], gap)
+    pr = run(link.refilled(gap).with_wires(Wires(table=table)))
+    pr.refill_us, pr.wires = gap, table
+    return pr
+
+
+def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: Options, link: Link,
+             slowdown: float = 1.0) -> Prediction:
     host = platform.calibration.host
     contention = opts.contention and platform.shares_links
     B, g = opts.batch, opts.gamma
     lim = Limits.of(m, B)
     if strategy in ("data+filter", "data+spatial"):
         fn = data_filter if strategy == "data+filter" else data_spatial
-        cands = [fn(m, p // k, k, B, link, g, contention, host) for k in range(2, p) if p % k == 0]
+        cands = [_bucketed(lambda lk, k=k: fn(m, p // k, k, B, lk, g, contention, host), link, slowdown)
+                 for k in range(2, p) if p % k == 0]
         if not cands:
             pr = fn(m, p, 1, B, link, g, contention, host)
             pr.grid = {"data": p, strategy.split("+")[1]: 1}
@@ -399,11 +461,12 @@ def _predict(m: ModelProfile, strategy: str, p: int, platform: Platform, opts: O
         ok = [c for c in cands if c.feasible]
         return min(ok or cands, key=lambda c: c.iteration_us)
     if strategy == "data":
-        pr = data(m, p, B, link, g)
+        pr = _bucketed(lambda lk: data(m, p, B, lk, g), link, slowdown)
     elif strategy in ("spatial", "filter", "channel"):
-        pr = {"spatial": spatial, "filter": filter_, "channel": channel}[strategy](m, p, B, link, g, host)
+        fn1 = {"spatial": spatial, "filter": filter_, "channel": channel}[strategy]
+        pr = _bucketed(lambda lk: fn1(m, p, B, lk, g, host), link, slowdown)
     else:
-        pr = pipeline(m, p, B, link, g, opts.micro)
+        pr = _bucketed(lambda lk: pipeline(m, p, B, lk, g, opts.micro), link, slowdown)
     _mark(pr, lim.check(strategy, pr.grid), opts)
     return pr
 

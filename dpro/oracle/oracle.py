@@ -91,7 +91,9 @@ class OracleResult:
                  "limit_reason": x.limit_reason, "rank": x.rank, "bottleneck": x.bottleneck,
                  "contention": x.contention, "grid": x.grid, "launcher": self.launcher(x),
                  "collective_calls": x.calls,
-                 "bucket_refill_us": x.refill_us if math.isfinite(x.refill_us) else None}
+                 "bucket_refill_us": x.refill_us if math.isfinite(x.refill_us) else None,
+                 "bucket_wire_us": ([{"bytes": b, "alpha_us": c.alpha, "wire_us": w} for (c, b), w in x.wires.items()]
+                                    if x.wires is not None else None)}
             sim = self.simulated.get((x.strategy, x.devices))
             if sim is not None:  # what the replayed schedule leaves of the communication exposed
                 d["simulated_iteration_us"] = sim if math.isfinite(sim) else None
@@ -162,7 +164,9 @@ def run_oracle(job: Job, devices: list[int], *, batch: int | None = None, memory
     buckets = sorted({f"{c.burst / 1024:.0f} KiB" for d in plat.calibration.links.values() for c in d.values() if c.burst})
     if buckets:
         notes.append(f"the link has a token bucket ({', '.join(buckets)} at the line rate, then the capped rate); "
-                     "it refills during the compute between two collectives (bucket_refill_us)")
+                     "followed over the step's messages in order, refilled at the capped rate during the "
+                     "compute between two (bucket_refill_us) and each call's own per-call time; "
+                     "bucket_wire_us: each message's wire time in the step's steady state")
     opts = Options(batch=batch, memory_budget=memory_budget, gamma=gamma, micro=micro, contention=contention)
     preds = [predict(model, s, p, plat, opts) for p in devices for s in strategies]
     for p in devices:

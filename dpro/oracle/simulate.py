@@ -22,7 +22,8 @@ ordering and overlap are simulated:
   before its third: on a link of its own, overlapping the sender's next compute).
 
 Collective durations are the formulas' ring costs without φ (on a link with a token
-bucket, refilled as the analytical prediction's ``refill_us`` says). Device counts above
+bucket, each message's wire time in the bucket's steady state over the step, as the
+analytical prediction's ``wires`` has it). Device counts above
 :data:`MAX_GROUPS` groups are not simulated (the formulas scale; the graph would not).
 """
 
@@ -36,6 +37,7 @@ from dpro.oracle.formulas import (
     Link,
     Options,
     Prediction,
+    Wires,
     _blocks,
     channel_host,
     gather_host,
@@ -230,6 +232,8 @@ def _pipeline(m: ModelProfile, pr: Prediction, link: Link, B: int, slowdown: flo
 def simulate_prediction(m: ModelProfile, pr: Prediction, plat: Platform, opts: Options) -> float:
     """The replayed iteration time (µs) of prediction ``pr``'s strategy and grid (NaN: too large to simulate)."""
     link = link_of(plat, pr.devices).refilled(pr.refill_us)
+    if pr.wires is not None:
+        link = link.with_wires(Wires(table=pr.wires))
     f = plat.slowdown(pr.devices)
     if pr.strategy == "pipeline":
         return _pipeline(m, pr, link, opts.batch, f)
