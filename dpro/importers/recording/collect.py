@@ -260,7 +260,7 @@ def _collect(raw: Path, progress: bool | None) -> GTrace:
     # shallow ranks (DPRO_SHALLOW_RANKS): their later steps are rank 0's
     if (unfilled := fill_shallow_steps(gt, metas)) and not gt.manifest.steps:
         raise DproInputError(raw, f"{unfilled[0]}; no step is left that every rank recorded: profile again "
-                                  f"without DPRO_SHALLOW_RANKS")
+                                  f"with DPRO_SHALLOW_RANKS=0")
     if metas:
         any_meta = next(iter(metas.values()))
         gt.manifest.library = str(any_meta.get(MetaKey.LIBRARY) or gt.manifest.library)
