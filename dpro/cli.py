@@ -709,7 +709,10 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
                    "computation), which `dpro whatif --async --platform` divides the busiest port's bound by.")
 @click.option("--port-keys-from", "port_trace", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="--port-workers: push and pull keys of this PS profile's sizes (its message mix; default: a "
-                   "fixed mix of 4 KiB to 4 MiB).")
+                   "fixed mix of 4 KiB to 4 MiB), each round after its computation (a worker step's, as CPU).")
+@click.option("--port-momentum", default=0.0, show_default=True, metavar="M",
+              help="--port-workers: the servers run SGD with this momentum (the job's optimizer: gluon's 'sgd' "
+                   "with momentum 0.9 costs the server more per push than plain SGD).")
 @click.option("--oracle", is_flag=True,
               help="Write the platform file of `dpro oracle --platform` instead (gloo, docs/oracle.md): per process "
                    "count of --nprocs the all-reduce, all-gather and halo exchange (with a link's token-bucket burst "
@@ -727,7 +730,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
               help="--oracle: idle time before every timed call (µs), so that a token bucket refills as during compute.")
 def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool, oracle: bool,
                   nprocs: str, topology: str, rounds: int, idle_us: float, python: str | None = None,
-                  port_workers: str | None = None, port_trace: Path | None = None) -> None:
+                  port_workers: str | None = None, port_trace: Path | None = None,
+                  port_momentum: float = 0.0) -> None:
     """Measure this machine's all-reduce (or ps-lite) cost for `dpro whatif --platform`.
 
     Runs PROCESSES local processes that all-reduce tensors of 4 KiB to 64 MiB with BACKEND
@@ -754,7 +758,7 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
             print_calibration(d, output)
         return
     if backend == "ps-lite":
-        _calibrate_ps(output, repeats, python, as_json, port_workers, port_trace)
+        _calibrate_ps(output, repeats, python, as_json, port_workers, port_trace, port_momentum)
         return
     if processes < 2:
         raise DproInputError(None, f"--processes {processes}: at least 2")
@@ -774,7 +778,7 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
 
 
 def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool, port_workers: str | None = None,
-                  port_trace: Path | None = None) -> None:
+                  port_trace: Path | None = None, port_momentum: float = 0.0) -> None:
     import sys
 
     from dpro.jsonio import write_json
@@ -787,17 +791,22 @@ def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool,
         ports = parse_workers(port_workers) if port_workers else []
     except ValueError as e:
         raise DproInputError(None, f"--port-{e}") from None
-    sizes = None
+    if not 0.0 <= port_momentum < 1.0:
+        raise DproInputError(None, f"--port-momentum {port_momentum}: between 0 and 1")
+    sizes, compute_us = None, 0.0
     if port_trace is not None:
         from dpro.job import open_job
-        from dpro.whatif.scaleout import ps_key_sizes
+        from dpro.whatif.scaleout import ps_compute_us, ps_key_sizes
 
-        sizes = ps_key_sizes(open_job(port_trace)) or None
+        job = open_job(port_trace)
+        sizes = ps_key_sizes(job) or None
         if sizes is None:
             raise DproInputError(port_trace, "--port-keys-from: the profile pushes no keys (not a PS profile)")
+        compute_us = ps_compute_us(job)
     try:
         d = calibrate_ps(python or sys.executable, repeats=repeats)
-        rows = [measure_port(python or sys.executable, n, 1, sizes=sizes) for n in ports]
+        rows = [measure_port(python or sys.executable, n, 1, sizes=sizes, compute_us=compute_us, momentum=port_momentum)
+                for n in ports]
         for r in rows:
             r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
         if rows:

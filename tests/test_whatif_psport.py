@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from dpro.errors import DproInputError
-from dpro.whatif.calibrate_ps import port_efficiency, server_load
+from dpro.whatif.calibrate_ps import common_window_rate, port_efficiency, rounds_done, server_load, spin_cpu
 from dpro.whatif.models import Transfer
 from dpro.whatif.platform import load_platform
 from dpro.whatif.scaleout import async_port_bound, port_efficiency_for
@@ -113,16 +114,63 @@ def test_whatif_async_uses_the_platforms_port_efficiency(tmp_path):
 
 @pytest.mark.skipif(not MX.exists(), reason="no .venv-mx (scripts/setup_mxnet.sh, `make mxnet`)")
 def test_real_port_measurement():
-    """2 real asynchronous workers and 1 server on loopback, 2 small keys, 2 rounds: a round
-    takes time, and the server's load is MXNet's placement of the keys."""
+    """2 real asynchronous workers and 1 server on loopback, 2 small keys, 2 rounds, each after
+    5 ms of CPU, pinned, the servers with momentum, 2 tries: a round takes at least the
+    computation, and the server's load is MXNet's placement of the keys."""
     code = ("import json, sys; from dpro.whatif.calibrate_ps import measure_port; "
-            "print(json.dumps(measure_port(sys.executable, 2, 1, sizes=[4096, 65536], warmup=1, rounds=2)))")
+            "print(json.dumps(measure_port(sys.executable, 2, 1, sizes=[4096, 65536], warmup=1, rounds=2, tries=2, "
+            "compute_us=5000.0, pin=True, momentum=0.9)))")
     r = subprocess.run([str(MX), "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads(r.stdout.strip().splitlines()[-1])
     assert (row["workers"], row["servers"], row["server_bytes"], row["server_msgs"]) == (2, 1, [69632], [2])
-    assert row["round_us"] > 0 and 0 < port_efficiency(row, 0.0, 0.001)
+    assert row["round_us"] >= 5000.0 and 0 < port_efficiency(row, 0.0, 0.001)
+    assert row["tries"] == 2 and row["round_us"] == min(row["tries_round_us"])  # the lower median of 2
+    assert (row["pinned"], row["momentum"], row["compute_us"]) == (True, 0.9, 5000.0)
+    assert [len(s["ends_s"]) for s in row["spans_s"]] == [2, 2]
+
+
+def test_rounds_done_is_linear_within_a_round():
+    assert rounds_done(1.0, [2.0, 4.0], 0.5) == 0.0
+    assert rounds_done(1.0, [2.0, 4.0], 1.5) == pytest.approx(0.5)
+    assert rounds_done(1.0, [2.0, 4.0], 3.0) == pytest.approx(1.5)
+    assert rounds_done(1.0, [2.0, 4.0], 9.0) == 2.0
+
+
+def test_common_window_rate_hand_computed():
+    """Worker A from 0 s, rounds ending at 1, 2, 4, 6 s; B from 0.5 s, at 1.5, 2.5 s: all in
+    their timed rounds from 0.5 to 2.5 s, A does 2.25 - 0.5 = 1.75 rounds, B 2: 1.875 rounds/s
+    (each over its own span: 4/6 + 2/2 = 1.667, B's rounds alone counted with A's slow end)."""
+    a = {"start_s": 0.0, "end_s": 6.0, "rounds": 4, "ends_s": [1.0, 2.0, 4.0, 6.0]}
+    b = {"start_s": 0.5, "end_s": 2.5, "rounds": 2, "ends_s": [1.5, 2.5]}
+    rate, window = common_window_rate([a, b])
+    assert (rate, window) == (pytest.approx(1.875), pytest.approx(2.0))
+    old = [{k: v for k, v in x.items() if k != "ends_s"} for x in (a, b)]  # no per-round ends: each its own span
+    assert common_window_rate(old) == (pytest.approx(4 / 6 + 1.0), 0.0)
+
+
+def test_measure_port_keeps_the_median_try(monkeypatch):
+    import dpro.whatif.calibrate_ps as cp
+
+    rounds = iter([300.0, 500.0, 350.0, 320.0, 400.0])
+    seen = []
+
+    def once(python, workers, servers, **kw):
+        seen.append(kw)
+        return {"workers": workers, "servers": servers, "round_us": next(rounds), "spans_s": []}
+
+    monkeypatch.setattr(cp, "measure_port_once", once)
+    row = cp.measure_port("py", 4, 1, compute_us=7.0)
+    assert row["round_us"] == 350.0 and row["tries"] == 5
+    assert row["tries_round_us"] == [300.0, 500.0, 350.0, 320.0, 400.0]
+    assert seen == [{"compute_us": 7.0}] * 5
+
+
+def test_spin_cpu_spends_the_cpu_time():
+    t = time.thread_time()
+    spin_cpu(20_000.0)
+    assert time.thread_time() - t >= 0.02
 
 
 def test_calibrate_bad_port_workers_is_one_line(tmp_path):
@@ -133,6 +181,9 @@ def test_calibrate_bad_port_workers_is_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["calibrate", "--backend", "ps-lite", "--port-workers", "2,x", "-o",
                                  str(tmp_path / "p.json")])
     assert r.exit_code != 0 and "--port-workers" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["calibrate", "--backend", "ps-lite", "--port-workers", "2", "--port-momentum", "1.5",
+                                 "-o", str(tmp_path / "p.json")])
+    assert r.exit_code != 0 and "--port-momentum" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "p.json").exists()
 
 

@@ -16,9 +16,10 @@ on this machine (1 worker + 1 server, never the validation jobs; under ``--cap-m
 the same capped namespaces) and every prediction gets ``--host-cores CORES --cpu-cost``
 with it (``--no-cpu-cost``: without; each row also keeps the prediction without it). Under
 ``--cap-mbit``, once the first profile exists, the calibration also measures the server
-ports' efficiency with N asynchronous senders (calibrate_ps.measure_port: no computation,
-keys of the profile's sizes), and the predictions get the file as ``--platform`` too: the
-link and ports measured behind the cap.
+ports' efficiency with N asynchronous senders (calibrate_ps.measure_port: keys of the
+profile's sizes, each round after the profile's computation as CPU, the workers pinned as
+the jobs', the servers running the jobs' SGD with momentum; the median of 5 tries), and the
+predictions get the file as ``--platform`` too: the link and ports measured behind the cap.
 
     .venv-mx/bin/python benchmarks/whatif/ps.py [--model mlp] [--workers 2,3,4] [--servers 1,2] [--kvstores dist_sync,dist_async]
 """
@@ -81,18 +82,25 @@ def link_only(plat: Path) -> Path:
     return out
 
 
-def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, trace: Path) -> None:
+#: the jobs' optimizer on the servers (examples/mxnet/train_ps.py: gluon's Trainer, "sgd", momentum 0.9)
+JOB_MOMENTUM = 0.9
+
+
+def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, trace: Path, pin: bool) -> None:
     """Capped: the server ports' efficiency with N asynchronous senders (N of --workers above
-    1, S of --servers) behind the same cap, no computation, each worker pushing and pulling
-    keys of the profile's sizes (its message mix; dpro.whatif.calibrate_ps.measure_port),
-    against the calibration's link; added to the platform file."""
+    1, S of --servers) behind the same cap, in the jobs' conditions: each worker pushing and
+    pulling keys of the profile's sizes (its message mix) after the profile's computation
+    (as CPU), pinned as the jobs' workers (``pin``), the servers running the jobs' optimizer;
+    the median of 5 tries (dpro.whatif.calibrate_ps.measure_port), against the calibration's
+    link; added to the platform file."""
     import dpro
     from dpro.jsonio import write_json
     from dpro.whatif.calibrate_ps import measure_port, port_efficiency
-    from dpro.whatif.scaleout import ps_key_sizes
+    from dpro.whatif.scaleout import ps_compute_us, ps_key_sizes
 
     d = json.loads(path.read_text())
-    sizes = ps_key_sizes(dpro.open(trace))
+    job = dpro.open(trace)
+    sizes, compute_us = ps_key_sizes(job), ps_compute_us(job)
     nn = _load("netns", REPO / "benchmarks" / "fidelity" / "netns.py")
     placer = _load("ps_netns", pj.PS_NETNS).placer
     rows = d["ps"].get("port_efficiency", [])
@@ -103,7 +111,7 @@ def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, 
                 continue
             with nn.NetnsCluster(w + s, o.cap_mbit):
                 r = measure_port(str(pj.MX / "python"), w, s, place=placer(s), root_uri=nn.BRIDGE_ADDR, env=env,
-                                 sizes=sizes)
+                                 sizes=sizes, compute_us=compute_us, pin=pin, momentum=JOB_MOMENTUM)
             r["efficiency"] = port_efficiency(r, d["ps"]["alpha_us"], d["ps"]["beta_us_per_byte"])
             rows.append(r)
     if len(rows) == len(have):
@@ -111,8 +119,11 @@ def calibrate_ports(pj, o: argparse.Namespace, env: dict[str, str], path: Path, 
     d["ps"]["port_efficiency"] = rows
     d["ps"]["port_sizes"] = sizes
     write_json(path, d)
-    print("# port efficiency (the profile's keys, no computation): "
-          + ", ".join(f"{r['workers']}w{r['servers']}s {r['round_us'] / 1e3:.0f} ms {r['efficiency']:.3f}" for r in rows),
+    print(f"# port efficiency (the profile's keys, {compute_us / 1e3:.1f} ms of computation a round, pinned {pin}, "
+          f"momentum {JOB_MOMENTUM}, median of tries): "
+          + ", ".join(f"{r['workers']}w{r['servers']}s {r['round_us'] / 1e3:.0f} ms {r['efficiency']:.3f} (tries "
+                      + "/".join(f"{port_efficiency({**r, 'round_us': x}, d['ps']['alpha_us'], d['ps']['beta_us_per_byte']):.3f}"
+                                 for x in r.get("tries_round_us", [r["round_us"]])) + ")" for r in rows),
           flush=True)
 
 
@@ -149,7 +160,7 @@ def main() -> None:
                     *js.apply(pj.job_cmd(o.model, 1, 1, d / "timing_prof", pj.WARMUP + pj.STEPS + 2, o.cap_mbit)),
                     "--kvstore", kv], env=env)
         if o.cap_mbit is not None and not o.no_cpu_cost:
-            calibrate_ports(pj, o, {**env, **js.env()}, plat, trace)  # the (workers, servers) not measured yet
+            calibrate_ports(pj, o, {**env, **js.env()}, plat, trace, js.pin)  # the (workers, servers) not measured yet
         for s in [int(x) for x in o.servers.split(",")]:
             args = ["whatif", str(trace), "--workers", o.workers, "--servers", str(s), "--json",
                     "--host-cores", str(os.cpu_count())]

@@ -498,6 +498,13 @@ def ps_key_sizes(job: Job) -> list[int]:
     return [sum(p.bytes for p in pieces[n]) for n in order]
 
 
+def ps_compute_us(job: Job) -> float:
+    """A worker step's computation (µs): the representative worker's step with its
+    communication zeroed, what the port calibration spends as CPU before each round
+    (:func:`dpro.whatif.calibrate_ps.measure_port`)."""
+    return _compute_only_us(_workers(job)[0])
+
+
 def _p3_on_ps(job: Job, points: list[Cluster], whatifs, res: ScaleOutResult) -> tuple[list[Cluster], list]:
     """The ``p3`` what-if on a PS profile becomes the clusters' ``p3_slice_bytes`` (the PS
     model re-costs every message, so P3 is modelled there: :mod:`dpro.whatif.p3_ps`)."""
