@@ -69,6 +69,29 @@ def test_round_trip(job: Path, tmp_path: Path) -> None:
         assert (again / name).read_bytes() == (out / name).read_bytes(), name
 
 
+def test_notes_travel_with_the_trace(kineto_dir: Path, tmp_path: Path) -> None:
+    """The import's notes (which steps, what was left out and why) are written into the
+    manifest and read back: `dpro collect -o X` then `dpro replay X` used to lose them."""
+    gt = import_kineto(kineto_dir)
+    gt.notes = ["worker1: steps [4] differ in structure", "a second note"]
+    back = load_gtrace(write_gtrace(gt, tmp_path / "out"))
+    assert back.notes == gt.notes
+    gt.notes = []
+    bare = write_gtrace(gt, tmp_path / "bare")
+    assert "notes" not in json.loads((bare / "manifest.json").read_text())  # none: the field is left out
+    assert load_gtrace(bare).notes == []
+
+
+@pytest.mark.parametrize("notes", [{"a": 1}, ["fine", 3]])
+def test_bad_notes_field_is_one_line(kineto_dir: Path, tmp_path: Path, notes) -> None:
+    out = write_gtrace(import_kineto(kineto_dir), tmp_path / "out")
+    m = json.loads((out / "manifest.json").read_text())
+    m["notes"] = notes
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DproInputError, match="field 'notes' must be a list of strings"):
+        load_gtrace(out)
+
+
 def test_written_files_have_normal_permissions(gtrace_dir: Path) -> None:
     mask = _umask()
     assert gtrace_dir.stat().st_mode & 0o777 == 0o777 & ~mask

@@ -87,7 +87,8 @@ def _node_name(n: Any, where: Path, what: str) -> str:
     return v
 
 
-def _parse_manifest(path: Path) -> Manifest:
+def _parse_manifest(path: Path) -> tuple[Manifest, list[str]]:
+    """The manifest, and the import's notes it carries (``notes``, optional)."""
     m = read_json(path)
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise DproInputError(path, f"not a gTrace manifest (expected \"format\": \"{FORMAT_NAME}\")")
@@ -140,6 +141,9 @@ def _parse_manifest(path: Path) -> Manifest:
     meta = m.get("meta") or {}
     if not isinstance(meta, dict):
         raise DproInputError(path, f"manifest: field 'meta' has the wrong type ({type(meta).__name__})")
+    notes = m.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise DproInputError(path, "manifest: field 'notes' must be a list of strings")
     return Manifest(
         framework=_req(m, "framework", str, path, "manifest"),
         scheme=scheme,
@@ -149,7 +153,7 @@ def _parse_manifest(path: Path) -> Manifest:
         steps=_int_list(m, "steps", path, "manifest"),
         version=version,
         meta=meta,
-    )
+    ), notes
 
 
 def _parse_op(d: Any, path: Path, i: int) -> Op:
@@ -260,7 +264,7 @@ def load_gtrace(root: str | Path) -> GTrace:
         raise DproInputError(root, "no such file or directory")
     if not is_gtrace(root):
         raise DproInputError(root, f"not a gTrace directory (no {MANIFEST})")
-    manifest = _parse_manifest(root / MANIFEST)
+    manifest, notes = _parse_manifest(root / MANIFEST)
     nodes: dict[str, NodeTrace] = {}
     inside = root.resolve()
     for info in manifest.nodes:
@@ -281,7 +285,7 @@ def load_gtrace(root: str | Path) -> GTrace:
         unlisted = []
     for name in unlisted:  # a node file the manifest does not list: said, not silently dropped
         log.warning("%s", one_line(f"{root / name}: not listed in {MANIFEST}; ignored"))
-    gt = GTrace(manifest=manifest, nodes=nodes, source=str(root))
+    gt = GTrace(manifest=manifest, nodes=nodes, source=str(root), notes=notes)
     validate(gt)
     return gt
 
@@ -345,7 +349,8 @@ def write_gtrace(gt: GTrace, root: str | Path, *, force: bool = False, check: bo
             if nt.meta:
                 dfg["meta"] = nt.meta
             dump_json(tmp / info.dfg, dfg)
-        dump_json(tmp / MANIFEST, gt.manifest.to_json())
+        # the import's notes (which steps, what was left out and why) travel with the trace
+        dump_json(tmp / MANIFEST, {**gt.manifest.to_json(), **({"notes": list(gt.notes)} if gt.notes else {})})
 
     write_dir_atomically(root, fill)
     return root
