@@ -34,6 +34,9 @@ from dataclasses import replace
 from dpro.contracts.recording import MetaKey
 from dpro.gtrace.schema import Event, GTrace, NodeTrace
 
+#: how the notes name a shallow rank
+_WHO = "shallow rank (its first window call only: DPRO_SHALLOW_RANKS, docs/profiling.md)"
+
 
 def _mismatch(ref: NodeTrace, nt: NodeTrace, anchor: int) -> str | None:
     """Why ``nt``'s steps cannot be taken from ``ref``'s (None: they can)."""
@@ -67,7 +70,7 @@ def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> list[str]:
                      f"{sorted(ref.steps)}; their first profiled steps ran different operators)")
                if not common else _mismatch(ref, nt, common[0]))
         if why is not None:
-            failed.append(f"{nt.info.name}: shallow rank (its first window call only: DPRO_SHALLOW_RANKS, docs/profiling.md): its later steps not taken from "
+            failed.append(f"{nt.info.name}: {_WHO}: its later steps not taken from "
                           f"rank 0's: {why}")
             gt.notes.append(f"{failed[-1]}; the replay keeps the steps every rank recorded")
             continue
@@ -78,7 +81,7 @@ def fill_shallow_steps(gt: GTrace, metas: dict[int, dict]) -> list[str]:
         nt.events = nt.events + [Event(e.op, e.step, e.ts + off, e.dur) for e in ref.events if e.step in todo]
         for s in missing:
             nt.steps[s] = (ref.steps[s][0] + off, ref.steps[s][1])
-        gt.notes.append(f"{nt.info.name}: shallow rank (its first window call only: DPRO_SHALLOW_RANKS, docs/profiling.md): steps {missing} are "
+        gt.notes.append(f"{nt.info.name}: {_WHO}: steps {missing} are "
                         f"{ref.info.name}'s (same ops; step {anchor} recorded by both)")
     gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
     return failed
@@ -96,6 +99,6 @@ def _take_whole(nt: NodeTrace, ref: NodeTrace) -> str | None:
     nt.edges = list(ref.edges)
     nt.events = [Event(e.op, e.step, e.ts + off, e.dur) for e in ref.events]
     nt.steps = {s: (t0 + off, d) for s, (t0, d) in ref.steps.items()}
-    return (f"{nt.info.name}: shallow rank (its first window call only: DPRO_SHALLOW_RANKS, docs/profiling.md): {ref.info.name} left out the step it recorded "
+    return (f"{nt.info.name}: {_WHO}: {ref.info.name} left out the step it recorded "
             f"({own}, the profiler's first, of another structure); both ran the same operators in it, so it "
             f"replays {ref.info.name}'s DFG and steps {sorted(ref.steps)}, shifted by {off:.0f} µs")
