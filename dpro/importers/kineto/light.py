@@ -12,8 +12,9 @@ step the structure step's ops with the light step's timing:
   every thread), and each run must repeat the structure step's call names in order. Calls
   before the first run, between two runs or after the last are allowed only if none of them
   launched GPU work (the session's own ``cudaDeviceSynchronize`` at its start and stop, a
-  ``torch.cuda.synchronize()`` of the training loop between two steps). Where the calls differ, the split is tried again on the calls that launched GPU
-  work or waited for it (``SYNC_CALLS``) alone, and the note says so;
+  ``torch.cuda.synchronize()`` of the training loop between two steps). Where the calls
+  differ, the split is tried again on the calls that launched GPU work or waited for it
+  (``SYNC_CALLS``) alone, and the note says so;
 * **CPU side**: the runtime calls are anchors; a monotone piecewise-linear map takes the
   structure step's time to the light step's (each call's start and end onto the same
   call's start and end in the light step), so the CPU work between two consecutive calls

@@ -20,9 +20,9 @@ steps all ranks recorded (the first call alone). Not checked: unequal inputs per
 Where rank 0 left that step out (on a GPU the profiler's first step runs CUDA event calls the
 later steps do not, and is dropped as a step of another structure), the shallow rank takes
 rank 0's whole DFG and kept steps instead, shifted by the difference of the two ranks' ends
-of their first profiled step (its collectives end it together; a rank can start it late), if that first step ran the same set of operators (``layer/op``
-names on the CPU threads: :attr:`NodeTrace.first_step`) on both ranks; its own first step is
-then not replayed. GPU kernels are not compared: with ``cudnn.benchmark`` each process picks
+of their first profiled step (its collectives end it together; a rank can start it late), if
+that first step ran the same set of operators (``layer/op`` names on the CPU threads:
+:attr:`NodeTrace.first_step`) on both ranks; its own first step is then not replayed. GPU kernels are not compared: with ``cudnn.benchmark`` each process picks
 its own convolution kernels.
 """
 
