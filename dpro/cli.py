@@ -300,10 +300,15 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
               help="PyTorch on CUDA: record the window's first step with its CPU operators (the structure) and "
                    "the others with the CUDA activity alone (kernels, copies, runtime calls: the timing), which "
                    "costs a fraction of torch.profiler's per-op CPU tracing (docs/gpu.md). Default: off.")
+@click.option("--shallow-ranks/--no-shallow-ranks", "shallow_ranks", default=None,
+              help="PyTorch: ranks other than 0 record only the window's first call, and the replay takes "
+                   "their later steps from rank 0's (data parallelism: every rank runs the same ops). Default: "
+                   "on only for a DDP model over every rank on a host that runs more ranks than it has cores, "
+                   "where each rank's recording takes cores from the others (docs/profiling.md).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_unbulk: bool,
             mxnet_keep_bulking: bool, record_shapes: bool | None, profile_memory: bool | None, cuda_light: bool,
-            command: tuple[str, ...]) -> None:
+            shallow_ranks: bool | None, command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -333,6 +338,10 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
         from dpro.contracts.recording import ENV_CUDA_LIGHT
 
         os.environ[ENV_CUDA_LIGHT] = "1"
+    if shallow_ranks is not None:
+        from dpro.contracts.recording import ENV_SHALLOW_RANKS
+
+        os.environ[ENV_SHALLOW_RANKS] = "1" if shallow_ranks else "0"
     res = profile_job(list(command), output, warmup=warmup, steps=steps, force=force, measure_compile=measure_compile,
                       mxnet_unbulk=mxnet_unbulk, record_shapes=record_shapes,
                       profile_memory=profile_memory)

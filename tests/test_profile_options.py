@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -168,3 +169,16 @@ def test_layer_ranges_are_exported_as_annotations(tmp_path):
     with raw.open("rb") as fin, (tmp_path / "same.json").open("wb") as fout:
         assert copy_trace(fin, fout, False) == 0
     assert (tmp_path / "same.json").read_bytes() == raw.read_bytes()
+
+
+@pytest.mark.parametrize("flag,value", [("--shallow-ranks", "1"), ("--no-shallow-ranks", "0"), (None, "unset")])
+def test_profile_shallow_ranks_flag_reaches_the_job(tmp_path, flag, value):
+    """`dpro profile --shallow-ranks / --no-shallow-ranks` sets DPRO_SHALLOW_RANKS for the job;
+    without either the job decides (the variable stays unset)."""
+    seen = tmp_path / "seen"
+    job = [sys.executable, "-c", f"import os; open({str(seen)!r}, 'w').write(os.environ.get('DPRO_SHALLOW_RANKS', 'unset'))"]
+    env = {k: v for k, v in os.environ.items() if k != "DPRO_SHALLOW_RANKS"}
+    cmd = [sys.executable, "-m", "dpro.cli", "profile", "-o", str(tmp_path / "out"), *([flag] if flag else []), "--", *job]
+    subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)  # records nothing: exit 2, said
+    assert seen.read_text() == value
+
