@@ -126,3 +126,41 @@ def test_p3_on_ps_from_the_command_line(ps_trace):
     assert any(n.startswith("P3:") for n in out["notes"])
     r = CliRunner().invoke(cli, ["whatif", str(ps_trace), "--workers", "2", "--async", "--apply", "p3"])
     assert r.exit_code == 2 and "synchronous steps only" in r.output and "Traceback" not in r.output
+
+
+def test_slice_message_cost_is_the_calibrated_cpu_else_alpha():
+    from dpro.whatif.platform import PsCpu, Transfer
+    from dpro.whatif.scaleout import slice_message_us
+
+    t = Transfer(500.0, 0.008)
+    push, pull = slice_message_us(None, t, 2)
+    assert push(131072) == pull(131072) == 500.0  # no calibration: the link's alpha
+    cpu = PsCpu(worker=Transfer(140.0, 0.001), server=Transfer(40.0, 0.0005))
+    push, pull = slice_message_us(cpu, t, 2)
+    assert push(100_000) == pytest.approx(140.0 + 100.0)  # the worker's CPU for its push
+    assert pull(100_000) == pytest.approx(2 * (40.0 + 50.0))  # the server's, for both workers' pulls
+
+
+def _pipelined(stage_us: float, nbytes: int, n: int) -> float:
+    """``n`` messages after one op, through one link of 1 byte/µs, each as
+    :func:`_pipelined_message` makes it: the makespan."""
+    from dpro.whatif.scaleout import _pipelined_message
+
+    g = WhatIfGraph()
+    src = g.add(Op("bw", "BW", "cpu", 0.0, node="w0"))
+    g.links = {("link", "w0", "out"): 1.0}
+    for k in range(n):
+        _pipelined_message(g, [src.id], f"w0/push:{k}", "w0", "ps-send:w0", stage_us, "conn:w0->s0", nbytes,
+                           float(k), (("link", "w0", "out"),))
+    g.schedule(lambda op: op.prio)
+    return g.simulate().iteration_us
+
+
+def test_pipelined_slices_pay_the_per_message_work_only_where_the_wire_waits():
+    # wire-bound: stages 0-100, 100-200, 200-300; wires 100-1100, 1100-2100, 2100-3100:
+    # the first stage, then the wire (serial alpha + bytes would be 3 x 1100 = 3300)
+    assert _pipelined(100.0, 1000, 3) == pytest.approx(100.0 + 3 * 1000.0)
+    # CPU-bound: stages end at 1000, 2000, 3000; the last wire 3000-3100
+    assert _pipelined(1000.0, 100, 3) == pytest.approx(3 * 1000.0 + 100.0)
+    # one message: its stage then its bytes
+    assert _pipelined(100.0, 1000, 1) == pytest.approx(1100.0)

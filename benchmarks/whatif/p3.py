@@ -16,7 +16,10 @@ predicted (plain prediction / P3 prediction).
 Everything else is benchmarks/whatif/ps.py's: the cap (``--cap-mbit``, each process in a
 network namespace, root), the jobs' settings (benchmarks/jobenv.py: one thread, workers
 pinned, so predictions get ``--host-cores CORES --pinned``), ps-lite's CPU calibration
-(``--cpu-cost``), the other load on the machine, the boosted measured jobs. Run it
+(``--cpu-cost``; capped, the calibration's link as ``--platform`` too: the trace's fit
+is faster than the cap's payload rate, its per-message intercept absorbing the difference,
+which every P3 slice would pay again), the other load on the machine, the boosted measured
+jobs. Run it
 through benchmarks/measure.sh:
 
     benchmarks/measure.sh .venv-mx/bin/python benchmarks/whatif/p3.py --cap-mbit 1000 [--slice-bytes 524288,131072]
@@ -89,6 +92,8 @@ def main() -> None:
         args.append("--pinned")
     if not o.no_cpu_cost:
         args += ["--cpu-cost", str(plat)]
+        if o.cap_mbit is not None:  # as ps.py: the link measured behind the cap, not the trace's fit
+            args += ["--platform", str(psh.link_only(plat))]
     variants: dict[str, tuple[list[str], list[str]]] = {"plain": ([], [])}
     for n in sizes:
         variants[f"p3 {_kib(n)}"] = (["--apply", f"p3:slice_bytes={n}"], ["--p3", "--slice-bytes", str(n)])

@@ -172,7 +172,8 @@ def simulate_fluid(g: CompiledGraph, key: np.ndarray | None, flows: Mapping[int,
         ended = []
         for i in moving:
             moving[i] -= rates[i] * dt
-            if moving[i] <= _EPS * max(1.0, flows[i].bytes):
+            # done, or what is left is below the clock's resolution at ``now`` (it would never end)
+            if moving[i] <= _EPS * max(1.0, flows[i].bytes) or now + moving[i] / rates[i] <= now:
                 ended.append(i)
         for i in ended:
             del moving[i]

@@ -7,6 +7,12 @@ p3:slice_bytes=B``) re-costs a synchronous worker's step as P3 runs it:
   the servers as MXNet places a key: ``(key*9973) % M``, keys numbered in layer order);
   each slice is a push message, the server's update of it and a pull message, on the
   same connections and links as :func:`~dpro.whatif.scaleout._ps_point`'s messages;
+* a slice message pays its per-message cost as ps-lite does: the sender's work on it
+  (ps-lite's calibrated CPU per message, ``--cpu-cost``; else the link's ``alpha``), one
+  message at a time, then its bytes on the wire, so the next slice's work overlaps this
+  one's bytes (:func:`~dpro.whatif.scaleout.slice_message_us`): the per-message cost is
+  not charged serially with the wire (a fitted intercept charged per slice made the
+  prediction follow the fit, not the job);
 * the slices are handed to the library once the backward has produced every gradient,
   first layer first, and each connection sends them in that order (a slice at a time:
   stock ps-lite sends first-in first-out what it was given, and P3's rule puts the first

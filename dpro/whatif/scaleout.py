@@ -565,18 +565,18 @@ def _ps_p3_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     total = {name: sum(p.bytes for p in pieces.get(name, [])) for name in order}
     cut = slices([(n, total[n]) for n in order], c.p3_slice_bytes, servers)
     ready: dict[str, set[int]] = {n: set() for n in order}
-    heads: set[int] = set()
+    push_us, pull_us = slice_message_us(c.ps_cpu, t, c.workers)
     for s in cut:
         # every slice handed over once the backward is done, first layer first: key = send order
-        up = _message(g, producers, f"{node}/push:{s.tensor}#{s.key}@s{s.server}", f"conn:{node}->s{s.server}",
-                      node, s.bytes, t, DEFAULT_WINDOW, float(s.key), heads,
-                      (("link", node, "out"), ("port", s.server, "in")))
+        up = _pipelined_message(g, producers, f"{node}/push:{s.tensor}#{s.key}@s{s.server}", node,
+                                f"ps-send:{node}", push_us(s.bytes), f"conn:{node}->s{s.server}", s.bytes,
+                                float(s.key), (("link", node, "out"), ("port", s.server, "in")))
         upd = g.insert([up], Op(name=f"server{s.server}/update:{s.tensor}#{s.key}", cat="UPDATE",
                                 node=f"server{s.server}", device=f"server{s.server}/update", dur=ua + ub * s.bytes,
                                 prio=float(s.key)))
-        down = _message(g, [upd.id], f"{node}/pull:{s.tensor}#{s.key}@s{s.server}", f"conn:s{s.server}->{node}",
-                        f"server{s.server}", s.bytes, t, DEFAULT_WINDOW, float(s.key), heads,
-                        (("port", s.server, "out"), ("link", node, "in")))
+        down = _pipelined_message(g, [upd.id], f"{node}/pull:{s.tensor}#{s.key}@s{s.server}", f"server{s.server}",
+                                  f"ps-send:server{s.server}", pull_us(s.bytes), f"conn:s{s.server}->{node}",
+                                  s.bytes, float(s.key), (("port", s.server, "out"), ("link", node, "in")))
         for a in after[s.tensor]:
             g.connect(down, a)
         ready[s.tensor].add(down)
@@ -595,6 +595,36 @@ def _ps_p3_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
                      {"p3_period": period, "p3_first_backward_end": first, "p3_slices": float(len(cut))})
 
     return _oversubscribed(g, c, point, worker_cpu=wcpu, host_cpu=sum(scpu), gaps=False, lockstep=True)
+
+
+def slice_message_us(cost: PsCpu | None, t: Transfer,
+                     workers: int) -> tuple[Callable[[int], float], Callable[[int], float]]:
+    """A P3 slice's per-message cost (µs) in its sender, as functions of its bytes: (push
+    from the worker, pull answered by the server).
+
+    With ps-lite's calibrated CPU per message (``dpro calibrate --backend ps-lite``, the
+    ``--cpu-cost`` file): the worker's ``worker.alpha + worker.beta * B`` for a push, the
+    server's ``server.alpha + server.beta * B`` for each of the ``workers`` workers' pulls
+    of the slice (one server thread answers them all, as its port carries them all:
+    ``workers`` times it). Without it, the link's per-message ``alpha`` (the trace's fit)."""
+    if cost is None:
+        return (lambda b: t.alpha), (lambda b: t.alpha)
+    return cost.worker.us, (lambda b: workers * cost.server.us(b))
+
+
+def _pipelined_message(g: WhatIfGraph, before, name: str, node: str, stage: str, stage_us: float,
+                       conn: str, nbytes: int, prio: float, links: tuple) -> int:
+    """A P3 slice as ps-lite sends it: the sender's per-message work (``stage_us`` on
+    ``stage``, the sender process's ps-lite thread, one message at a time), then its bytes on
+    the connection ``conn`` (one message at a time, no per-message time: the wire) crossing
+    ``links`` at the max-min fair rate. The stage of the next slice runs while this one is on
+    the wire, so a slice costs its per-message work only where the wire waits for it (where
+    the work is longer than the bytes' time, or before the first slice). The wire op's id."""
+    work = g.insert(before, Op(name=f"{name}:send", cat="COMM", device=stage, node=node, comm_device=True,
+                               dur=stage_us, prio=prio, attrs={"sub_op": "PS_SEND"}))
+    wire = g.insert([work.id], Op(name=f"{name}:wire", cat="COMM", device=conn, node=node, comm_device=True,
+                                  dur=0.0, bytes=nbytes, prio=prio, attrs={"sub_op": "PS_MSG", "links": links}))
+    return wire.id
 
 
 def _ps_point(job: Job, g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
