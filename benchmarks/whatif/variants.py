@@ -177,7 +177,7 @@ def main() -> None:
                           for n, v in rd["variants"].items()) + f"; foreign {foreign or 0:.0f} %", flush=True)
     rows = summarize(rounds, names)
     print(f"{'variant':14} {'what-if':34} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'pred x':>7} {'meas x':>7} "
-          f"{'x err %':>7} {'90 % of median':>15}  per-round err %")
+          f"{'x err %':>7} {'median, >=90 %':>15}  per-round err %")
     for x in rows:
         print(f"{x['variant']:14} {x['whatif']:34} {x['predicted_us'] / 1e3:9.2f} {x['measured_us'] / 1e3:9.2f} "
               f"{x['error_pct']:+7.1f} {x['predicted_ratio']:7.3f} {x['measured_ratio']:7.3f} "
