@@ -42,10 +42,23 @@ def test_summarize_medians_over_rounds():
     assert row["predicted_us"] == 100 and row["measured_us"] == 100
     assert row["error_pct"] == pytest.approx(0.0)
     assert row["error_pct_rounds"] == pytest.approx([10.0, -20.0, 0.0])
+    assert row["error_pct_interval"] == (pytest.approx(-20.0), pytest.approx(10.0), pytest.approx(0.75))
     # ratios: predicted 1.1, 0.8, 0.5 -> 0.8; measured 1.0, 0.8, 2.0 -> 1.0; ratio errors +10, 0, -75 % -> 0
     assert row["predicted_ratio"] == pytest.approx(0.8)
     assert row["measured_ratio"] == pytest.approx(1.0)
     assert row["ratio_error_pct"] == pytest.approx(0.0)
+
+
+def test_median_interval_order_statistics():
+    v = _variants()
+    # n = 9: [x(2), x(8)] covers 1 - 2 (C(9,0) + C(9,1)) / 512 = 1 - 20/512 = 0.9609 >= 0.9;
+    # [x(3), x(7)] only 1 - 2 * 46/512 = 0.8203
+    assert v.median_interval([9, 1, 8, 2, 7, 3, 6, 4, 5]) == (2, 8, pytest.approx(492 / 512))
+    assert v.median_interval([9, 1, 8, 2, 7, 3, 6, 4, 5], conf=0.8) == (3, 7, pytest.approx(420 / 512))
+    # n = 5: [x(2), x(4)] covers 1 - 2 * 6/32 = 0.625 < 0.9, so the whole range, 1 - 2/32 = 0.9375
+    assert v.median_interval([5, -1, 4, 2, 3]) == (-1, 5, pytest.approx(30 / 32))
+    # n = 2: the range, coverage 1/2 (below conf: no narrower interval exists)
+    assert v.median_interval([3.0, -2.0]) == (-2.0, 3.0, pytest.approx(0.5))
 
 
 def test_train_variant_profile_then_whatif(tmp_path):

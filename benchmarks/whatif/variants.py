@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -57,6 +58,22 @@ def round_order(names: list[str], r: int) -> list[str]:
     return order if r % 2 == 0 else order[::-1]
 
 
+def median_interval(values: list[float], conf: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of the rounds' values: the order statistics
+    ``(x_(k), x_(n+1-k))`` with the largest ``k`` whose coverage, ``1 - 2 P(Binomial(n, 1/2) <= k-1)``,
+    is still ``>= conf`` (``k = 1``, the whole range, when none is). Returns (low, high, coverage).
+    A model's median error is told from the rounds' spread when this interval leaves out 0."""
+    xs, n = sorted(values), len(values)
+
+    def coverage(k: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= conf:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
 def summarize(rounds: list[dict], names: list[str]) -> list[dict]:
     """Per variant: the medians over rounds of the predicted and measured step, of the per-round
     error and of the per-round ratios (each side against its own baseline)."""
@@ -69,6 +86,7 @@ def summarize(rounds: list[dict], names: list[str]) -> list[dict]:
             "measured_us": statistics.median(p["measured_us"] for p in per),
             "error_pct": statistics.median(p["error_pct"] for p in per),
             "error_pct_rounds": [p["error_pct"] for p in per],
+            "error_pct_interval": median_interval([p["error_pct"] for p in per]),
             "predicted_ratio": statistics.median(p["predicted_ratio"] for p in per),
             "measured_ratio": statistics.median(p["measured_ratio"] for p in per),
             "ratio_error_pct": statistics.median(100 * (p["predicted_ratio"] / p["measured_ratio"] - 1) for p in per),
@@ -159,11 +177,12 @@ def main() -> None:
                           for n, v in rd["variants"].items()) + f"; foreign {foreign or 0:.0f} %", flush=True)
     rows = summarize(rounds, names)
     print(f"{'variant':14} {'what-if':34} {'pred ms':>9} {'meas ms':>9} {'err %':>7} {'pred x':>7} {'meas x':>7} "
-          f"{'x err %':>7}  per-round err %")
+          f"{'x err %':>7} {'median, >=90 %':>15}  per-round err %")
     for x in rows:
         print(f"{x['variant']:14} {x['whatif']:34} {x['predicted_us'] / 1e3:9.2f} {x['measured_us'] / 1e3:9.2f} "
               f"{x['error_pct']:+7.1f} {x['predicted_ratio']:7.3f} {x['measured_ratio']:7.3f} "
-              f"{x['ratio_error_pct']:+7.1f}  " + " ".join(f"{e:+.1f}" for e in x["error_pct_rounds"]))
+              f"{x['ratio_error_pct']:+7.1f} {x['error_pct_interval'][0]:+7.1f}..{x['error_pct_interval'][1]:+.1f}  "
+              + " ".join(f"{e:+.1f}" for e in x["error_pct_rounds"]))
     pl = [rd["plain_unprofiled_us"] for rd in rounds]
     rp = [rd["plain_replayed_us"] for rd in rounds]
     print(f"plain: replayed profile {statistics.median(rp) / 1e3:.2f} ms vs unprofiled {statistics.median(pl) / 1e3:.2f} "
