@@ -62,34 +62,28 @@ def test_shallow_ranks_where_ranks_share_cores(ddp_model, tmp_path, monkeypatch,
     """Shallow ranks by default only where the host runs more ranks of a DDP model over every
     rank than it has cores (LOCAL_WORLD_SIZE against os.cpu_count()); DPRO_SHALLOW_RANKS
     decides where set."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert _shallow_wanted(ddp_model, tmp_path, monkeypatch, local, 16) is want
+
+
+def test_no_shallow_ranks_for_a_plain_model(tmp_path, monkeypatch):
+    assert _shallow_wanted(torch.nn.Linear(16, 1), tmp_path, monkeypatch, "8", 16) is False
+
+
+def _shallow_wanted(model, tmp_path, monkeypatch, local: str, width: int) -> bool:
+    """The recorder's decision on a host of 2 cores running ``local`` ranks."""
     import os
 
     import dpro
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    rec = dpro.Recorder(ddp_model, out_dir=str(tmp_path), warmup=0, steps=2)
-    step = dpro.profile(rec)(lambda: ddp_model(torch.randn(4, 16)).sum().backward())
-    step()
-    assert rec._backend._shallow_wanted() is want
-    step()
-    rec.close()
-
-
-def test_no_shallow_ranks_for_a_plain_model(tmp_path, monkeypatch):
-    import os
-
-    import dpro
-
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.setenv("DPRO_AFTER_STEPS", "0")
-    model = torch.nn.Linear(4, 1)
     rec = dpro.Recorder(model, out_dir=str(tmp_path), warmup=0, steps=2)
-    step = dpro.profile(rec)(lambda: model(torch.randn(2, 4)).sum().backward())
+    step = dpro.profile(rec)(lambda: model(torch.randn(4, width)).sum().backward())
     step()
-    assert rec._backend._shallow_wanted() is False
+    wanted = rec._backend._shallow_wanted()
     step()
     rec.close()
+    return wanted
