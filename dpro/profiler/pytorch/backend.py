@@ -136,7 +136,6 @@ def _cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-
 #: attribute of a DDP model that holds dpro's comm hook's :class:`_HookTarget`
 _HOOK_ATTR = "_dpro_comm_hook_target"
 
@@ -146,6 +145,7 @@ class _HookTarget:
     """The recorder backend dpro's DDP comm hook reports to (the model's latest one)."""
 
     backend: Any
+
 
 class TorchBackend:
     """Records one rank of a PyTorch job."""
@@ -167,8 +167,8 @@ class TorchBackend:
         self.light_steps: list[int] = []
         #: where the structure step's session was exported at the switch (light mode)
         self._struct_tmp: tempfile.TemporaryDirectory | None = None
-        #: shallow ranks (:meth:`_shallow_wanted`) on a rank other than 0: the profiler was stopped after
-        #: the window's first call
+        #: shallow ranks (:meth:`_shallow_wanted`) on a rank other than 0: the profiler was
+        #: stopped after the window's first call
         self.shallow = False
         self.hooks: list[Any] = []
         self.steps: list[int] = []
