@@ -610,8 +610,11 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
         nt.meta[OPEN_META] = list(open_p2p.values())
     edge_set: set[tuple[str, str]] = set()
     # Edges from every kept step, but only those that go forward in the first kept step's
-    # timeline (and a sync's wait for a GPU op that started inside it): heuristic edges that
-    # disagree between steps can then never form a cycle.
+    # timeline: heuristic edges that disagree between steps can then never form a cycle. A
+    # blocking sync takes its place in that timeline at its end, so that the GPU op it waited
+    # for (started inside it) comes before it, and an edge from it to that op, which an
+    # aligned step can give (an op cut into another number of pieces names its launching
+    # piece as the reference's waiting one), goes backwards and is left out.
     order: dict[str, int] = {}
     for st in [same[0]] + [x for x in kept if x != same[0]]:  # ops and timeline order from the reference step
         by_dev, edges, _ = built[st]
@@ -636,17 +639,12 @@ def convert_rank(rf: RankFile, notes: list[str]) -> NodeTrace:
                     nt.ops[oid] = op
                 nt.events.append(Event(oid, st, s.ts, s.end - s.ts))
         if not order:
-            ranked = sorted((s for ss in by_dev.values() for s in ss), key=lambda s: (s.ts, s.end))
+            ranked = sorted((s for ss in by_dev.values() for s in ss),
+                            key=lambda s: (s.end if s.sync is not None else s.ts, s.end))
             order = {ids[id(s)]: i for i, s in enumerate(ranked)}
         for a, b in edges:
             ia, ib = ids[id(a)], ids[id(b)]
-            # a blocking sync starts before the GPU op it waited for: kept when that op
-            # started inside it (every path out of the sync starts after the sync ends), in
-            # the reference step only: in a step aligned with it, an op cut into another
-            # number of pieces (aten::item: launch, then wait) can name the launching piece
-            # as the waiting one, and the edge would close a cycle with the launch edge
-            waited = st == same[0] and b.sync is not None and a.dev.startswith("gpu") and a.ts < b.end
-            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib) or waited:
+            if order[ia] < order[ib] or (a.dev == b.dev and ia != ib):
                 edge_set.add((ia, ib))
         t0, t1 = steps[st]
         nt.steps[st] = (t0, t1 - t0)
