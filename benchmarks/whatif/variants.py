@@ -21,7 +21,8 @@ core, ``PINNED_INDEX=0``).
 
 The what-ifs' parameters are measured on this machine by microbenchmarks, never on the
 variant runs: the autocast times by ``benchmarks/amp_calibration.py --model MODEL`` (the
-model's own layer shapes; ``mixed_precision:auto=1``: absolute times where the bf16 kernel is emulated, else their ratio), the optimizers' speed-ups by
+model's own layer shapes, fp32 and autocast paired within each repeat, the median of 5 tries of
+15 repeats, run as the jobs are: pinned, one thread; ``mixed_precision:auto=1``: absolute times where the bf16 kernel is emulated, else their ratio), the optimizers' speed-ups by
 ``benchmarks/whatif/optimizer_calibration.py --model MODEL``.
 
     benchmarks/measure.sh .venv/bin/python benchmarks/whatif/variants.py [--model mlp] [--rounds 5]
@@ -136,7 +137,9 @@ def main() -> None:
 
     factors = o.amp_factors or o.out / "amp_factors.json"
     if "amp-bf16" in names and not factors.exists():  # the pass's factors are this machine's, not the defaults (another CPU)
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "amp_calibration.py"), "--repeats", "5",
+        # on the jobs' core, with their threads and malloc (setting.script: pinned.py with PINNED_INDEX);
+        # paired repeats, the median of its tries (amp_calibration.py's defaults)
+        subprocess.run([sys.executable, *setting.script(REPO / "benchmarks" / "amp_calibration.py"),
                         "--model", o.model, "--json", str(factors)], check=True, capture_output=True, timeout=1800,
                        env=job_env)
     speedups = o.optimizer_speedups or o.out / "optimizer_speedups.json"
