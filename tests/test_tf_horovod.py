@@ -362,8 +362,8 @@ def _run_recorder_script(script: str, out: Path, **env_set: str) -> list[dict]:
         pytest.skip(f"{TF_VENV} is not set up (run scripts/setup_tf.sh)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "DPRO_AFTER_STEPS": "20"}
     for k in ("DPRO_DISABLE", "DPRO_TF_COLLECT_IN_WINDOW", "DPRO_TF_DEVICE_TRACER_LEVEL", "DPRO_DEFER_WRITE",
-              "DPRO_TF_PRIME_STEPS", "HOROVOD_TIMELINE", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
-              "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"):
+              "DPRO_TF_PRIME_STEPS", "DPRO_TF_PROFILER", "HOROVOD_TIMELINE", "MALLOC_TOP_PAD_",
+              "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"):
         env.pop(k, None)
     env.update(env_set)
     r = subprocess.run([str(py), "-c", script, str(out), str(EXAMPLE.parent)], cwd=REPO,
@@ -409,3 +409,22 @@ def test_tf_prime_session_runs_in_the_warmup_only(tmp_path):
     rank = json.loads(gzip.decompress((out / "rank0.json.gz").read_bytes()))
     assert sorted(rank["steps"]) == ["3", "4"] and rank["events"]  # nothing of the throwaway session
     assert any("MatMul" in n["op"] for g in rank["graphs"] for n in g)
+
+
+def test_tf_profiler_switch_off_keeps_the_rest_of_the_recorder(tmp_path):
+    """``DPRO_TF_PROFILER=0`` (the #31 diagnostic, one TF process): no throwaway session, no
+    window session, no kept heaps, no xplane; the window is still counted, the graphs are
+    still collected in the warm-up and the rank's files are written, its trace without events."""
+    out = tmp_path / "raw"
+    state = _run_recorder_script(RECORDER_PRIME, out, DPRO_TF_PRIME_STEPS="1", DPRO_TF_PROFILER="0")
+    inside = [s for s in state if "prime" in s]
+    assert len(inside) == 5
+    assert not any(s["prime"] or s["window"] or s["kept"] for s in inside)
+    after = [s for s in state if "after" in s]
+    assert [s["collecting"] for s in after] == [True, True, True, False, False]
+    rank = json.loads(gzip.decompress((out / "rank0.json.gz").read_bytes()))
+    assert rank["events"] == [] and rank["steps"] == {}
+    assert any("MatMul" in n["op"] for g in rank["graphs"] for n in g)
+    assert not list(out.glob("*.xplane.pb"))
+    meta = json.loads((out / "rank0.meta.json").read_text())
+    assert meta["steps"] == [3, 4]

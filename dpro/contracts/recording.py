@@ -65,6 +65,10 @@ ENV_TF_COLLECT_IN_WINDOW = "DPRO_TF_COLLECT_IN_WINDOW"
 #: warm-up less its first call), glibc's heaps kept from then to the window's end (default 4;
 #: ``0``: none; docs/fidelity.md "TF + Horovod at 4 workers, and where the window's faults start")
 ENV_TF_PRIME_STEPS = "DPRO_TF_PRIME_STEPS"
+#: diagnostic (#31): ``0`` runs the TF recorder with everything but TF's profiler (no throwaway
+#: session, no window session; the rank's trace then holds no events): what the profiler
+#: itself costs, against the rest of the recorder (Horovod's timeline, the step TraceMes)
+ENV_TF_PROFILER = "DPRO_TF_PROFILER"
 #: ``0``: write the trace when the window ends, inside the last profiled call (default
 #: ``1``: after the calls timed after the window, or at exit: off the profiled steps)
 ENV_DEFER_WRITE = "DPRO_DEFER_WRITE"

@@ -45,6 +45,11 @@ fault in 10-30 % of the calls, as unprofiled, instead of 90-100 %. Side effect: 
 last calls are profiled, so the overhead estimate's fallback (:mod:`dpro.graph.overhead`,
 warm-up pace against the window's, used only without the calls timed after the window)
 sees less of the profiler's cost.
+
+``DPRO_TF_PROFILER=0`` (a diagnostic, #31): everything of the recorder but TF's profiler (no
+throwaway session, no window session; the rank's trace then has the graphs and no events),
+to tell the profiler's cost from the rest's (benchmarks/overhead.py variants,
+docs/fidelity.md session 28).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from dpro.contracts.recording import (
     TF_RANK_VERSION,
     ENV_TF_COLLECT_IN_WINDOW,
     ENV_TF_DEVICE_TRACER_LEVEL,
+    ENV_TF_PROFILER,
     XPLANE_SUFFIX,
     MetaKey,
     TFRankKey,
@@ -198,6 +204,8 @@ class TFBackend:
         #: the throwaway profiler session before the window (``DPRO_TF_PRIME_STEPS``)
         self._prime_dir: str | None = None
         self.heap = HeapKeeper()
+        #: TF's profiler runs (``DPRO_TF_PROFILER=0``, a diagnostic: everything else of the recorder only)
+        self.profiler_on = os.environ.get(ENV_TF_PROFILER, "1").strip().lower() not in ("0", "false", "no")
         self.timeline = WindowTimeline("horovod.tensorflow")
         self.xla_probe = XlaProbe(model) if measure_compile_enabled() else None
         if self.xla_probe is not None:
@@ -239,7 +247,7 @@ class TFBackend:
         """Warm-up call ``i`` begins / ends: start the throwaway session before the first of
         the last :meth:`prime_steps` warm-up calls, stop and discard it after the last."""
         n = self.prime_steps()
-        if n == 0:
+        if n == 0 or not self.profiler_on:
             return
         if begin and i == self.config.warmup - n:
             self.heap.keep()
@@ -266,8 +274,9 @@ class TFBackend:
         opts = self._options()
         self.timeline.start(self.config.out_dir, self.config.steps,
                             len(getattr(self.model, "trainable_variables", []) or []), rank_world()[1])
-        self.tf.profiler.experimental.start(self.logdir, options=opts)
-        self.active = True
+        if self.profiler_on:
+            self.tf.profiler.experimental.start(self.logdir, options=opts)
+            self.active = True
 
     def step_begin(self, step: int) -> object:
         self.steps.append(step)
@@ -356,10 +365,10 @@ class TFBackend:
             out.mkdir(parents=True, exist_ok=True)
             assert self.logdir is not None
             found = sorted(Path(self.logdir).rglob(f"*{XPLANE_SUFFIX}"))
-            if not found:
+            if not found and self.profiler_on:
                 raise RuntimeError(f"the TF profiler wrote no {XPLANE_SUFFIX} under {self.logdir}")
-            xplane = found[-1]
-            events = read_xspace(xplane)
+            xplane = found[-1] if found else None
+            events = read_xspace(xplane) if xplane is not None else []
             steps: dict[str, list[float]] = {}
             ops: list[list] = []
             for e in events:
@@ -374,8 +383,9 @@ class TFBackend:
             if not graphs:
                 log.warning("dpro: no TF function graph was collected (was dpro.Recorder created after the step "
                             "function first ran?): the import will build a trace-only DFG")
-            shutil.copyfile(xplane, out / f".{rank_xplane_name(rank)}.part")
-            os.replace(out / f".{rank_xplane_name(rank)}.part", out / rank_xplane_name(rank))
+            if xplane is not None:
+                shutil.copyfile(xplane, out / f".{rank_xplane_name(rank)}.part")
+                os.replace(out / f".{rank_xplane_name(rank)}.part", out / rank_xplane_name(rank))
             write_json(out / rank_trace_name(rank), {
                 TFRankKey.FORMAT: TF_RANK_FORMAT,
                 TFRankKey.VERSION: TF_RANK_VERSION,
