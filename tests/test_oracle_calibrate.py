@@ -136,11 +136,8 @@ def test_calibrate_oracle_cli(run_cli, tmp_path: Path) -> None:
     assert d["format"] == "dpro-platform" and d["processes"] == 2 and d["cores"] >= 1
     links = d["oracle"]["links"]["2"]
     assert set(links) == {"allreduce", "allgather", "exchange"}
-    assert set(d["oracle"]["calls"]["2"]) == {"p2p", "exchange", "allreduce", "pipe"} and "back to back" in text
+    assert set(d["oracle"]["calls"]["2"]) == {"p2p", "exchange", "allreduce"} and "back to back" in text
     assert d["oracle"]["calls"]["2"]["p2p"]["alpha_us"] > 0
-    # a GPipe step's transfers: what is left of the step beyond its compute (a real
-    # transfer costs something; far below the 2 x 8 x 500 µs of compute of a sample)
-    assert 0 < d["oracle"]["calls"]["2"]["pipe"]["alpha_us"] < 8000
     assert links["allreduce"]["alpha_us"] + links["allreduce"]["beta_us_per_byte"] > 0
     assert d["oracle"]["host"]["function_us"] > 0 and d["oracle"]["topology"]["links"] == "per-rank"
     assert len(d["samples"]) == len(SIZES)
@@ -175,12 +172,10 @@ def test_fit_of_back_to_back_calls() -> None:
     assert plain.cost.alpha == pytest.approx(300) and plain.cost.beta == 0.001
     assert plain.alpha_rounds == pytest.approx((300, 300, 5300)) and plain.rounds == 5
     raw = {"stream_p2p": [[r, s, 300 + 0.001 * s] for r in range(3) for s in sizes],
-           "stream_pipe": [[r, s, 120 + 0.001 * s] for r in range(3) for s in sizes],
            "stream_exchange": [[r, s, 40 + 0.002 * 2 * s] for r in range(3) for s in sizes],
            "stream_allreduce": [[r, s, 6 * 20 + 0.003 * 1.5 * s] for r in range(3) for s in sizes]}
     st = fit_streams(4, raw)
     assert st["p2p"].cost.alpha == pytest.approx(300) and st["p2p"].cost.beta == pytest.approx(0.001)
-    assert st["pipe"].cost.alpha == pytest.approx(120) and st["pipe"].cost.beta == pytest.approx(0.001)
     assert st["exchange"].cost.alpha == pytest.approx(40) and st["exchange"].cost.beta == pytest.approx(0.002)
     assert st["allreduce"].cost.alpha == pytest.approx(20) and st["allreduce"].cost.beta == pytest.approx(0.003)
     assert fit_stream([[0, 1024, float("nan")]], 1, 1) is None
@@ -227,19 +222,10 @@ def test_back_to_back_per_call_in_halo_and_pipeline() -> None:
     # all four transfers on the critical path, each 3 µs cheaper
     assert simulate_prediction(two_layers(), pipe, plat, opts) == pytest.approx(335.96 - 4 * 3)
     assert simulate_prediction(two_layers(), sp, plat, Options(batch=B)) == pytest.approx(sp.iteration_us)
-    # a GPipe step's transfers measured (``pipe``): the pipeline send pays their α, not
-    # the back-to-back p2p's (whose every call waits a round trip for gloo's rendezvous)
-    piped = Platform(10.0, 0.01, calibration=Calibration(links, calls={2: {**calls[2], "pipe": PerCall(Cost(2, 0.3))}}))
-    assert link_of(piped, 2).p2p(1024) == pytest.approx(2 + 0.01 * 1024)
-    assert link_of(piped, 2).exchange(1, 256) == pytest.approx(3 + 0.05 * 256)
-    assert predict(two_layers(), "pipeline", 2, piped, opts).communication_us[P2P] == pytest.approx(4 * (2 + 10.24))
-    only = Platform(10.0, 0.01, calibration=Calibration(links, calls={2: {"pipe": PerCall(Cost(2, 0.3))}}))
-    assert link_of(only, 2).p2p(1024) == pytest.approx(2 + 10.24) and link_of(only, 2).exchange(1, 256) == 50 + 12.8
     # the file keeps them, and the spread
-    back = read_calibration(json.loads(json.dumps(Calibration(links, calls={2: {
-        "p2p": PerCall(Cost(7, 0.5), (5, 7, 9), 9), "pipe": PerCall(Cost(2, 0.3), (1, 2, 4), 6)}}).to_json())))
+    back = read_calibration(json.loads(json.dumps(
+        Calibration(links, calls={2: {"p2p": PerCall(Cost(7, 0.5), (5, 7, 9), 9)}}).to_json())))
     assert back.calls[2]["p2p"] == PerCall(Cost(7, 0.5), (5.0, 7.0, 9.0), 9)
-    assert back.calls[2]["pipe"] == PerCall(Cost(2, 0.3), (1.0, 2.0, 4.0), 6)
     assert back.per_call(8) == back.calls[2] and Calibration().per_call(2) == {}
     for bad in ({"calls": {"1": {}}}, {"calls": [1]}, {"calls": {"2": {"p2p": {"alpha_us": -1, "beta_us_per_byte": 0}}}}):
         with pytest.raises(ValueError):

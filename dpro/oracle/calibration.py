@@ -10,7 +10,7 @@ dpro/oracle/measure.py's samples; never from the runs it is checked against)::
                         "zeros": {...}, "function_us": 41.0},
                "topology": {"links": "shared" | "per-rank", "concurrent_ratio": 1.9, "source": "measured"},
                "calls": {"2": {"p2p": {"alpha_us", "beta_us_per_byte", "alpha_rounds_us": [lo, median, hi],
-                                       "rounds": 9}, "exchange": {...}, "allreduce": {...}, "pipe": {...}}, "4": {...}}}
+                                       "rounds": 9}, "exchange": {...}, "allreduce": {...}}, "4": {...}}}
 
 ``links[n]``: measured in a job of n processes. A collective's time is its per-call α
 times its calls (ring steps) plus the wire time of the bytes one rank sends, S:
@@ -30,12 +30,10 @@ size's extremes trimmed (:func:`_fit`).
 ``calls[n]``: the per-call cost of **back-to-back** calls at n processes (measure.py's
 ``stream_*`` samples: no barrier or idle between calls, as a step's halo exchanges and
 pipeline sends follow each other): ``p2p`` (a blocking send/recv pair), ``exchange``,
-``allreduce``, and ``pipe`` (a two-stage GPipe step's transfers, with compute between the
-calls: per message, beyond the compute); α: the median over the rounds of a round's mean
-per-call time less the wire time of the isolated calls' fit (:func:`fit_stream`), with the
-rounds' spread. The formulas charge a halo exchange the exchange's α and a pipeline send
-the ``pipe`` α, else the ``p2p`` one (:meth:`Calibration.per_call`, :func:`with_per_call`),
-and the wire time W of the isolated calls' fit (which holds the token bucket and its refill).
+``allreduce``; α: the median over the rounds of a round's mean per-call time less the
+wire time of the isolated calls' fit (:func:`fit_stream`), with the rounds' spread. The formulas
+charge a halo exchange and a pipeline send this α (:meth:`Calibration.per_call`) and the
+wire time W of the isolated calls' fit (which holds the token bucket and its refill).
 """
 
 from __future__ import annotations
@@ -122,7 +120,7 @@ class Calibration:
     topology: str = "shared"
     #: measured: a pair's all-reduce with another pair's at once over it alone (None: declared)
     concurrent_ratio: float | None = None
-    #: per world size, back-to-back calls' costs ("p2p", "exchange", "allreduce", "pipe"; empty: not measured)
+    #: per world size, back-to-back calls' costs ("p2p", "exchange", "allreduce"; empty: not measured)
     calls: dict[int, dict[str, PerCall]] = field(default_factory=dict)
 
     def per_call(self, world: int) -> dict[str, PerCall]:
@@ -247,7 +245,7 @@ def fit_collectives(world: int, raw: dict[str, list[list[float]]], burst: bool =
     return out
 
 
-STREAMS = ("p2p", "exchange", "allreduce", "pipe")
+STREAMS = ("p2p", "exchange", "allreduce")
 
 
 def fit_stream(rows: list[list[float]], steps: float, per: float, wire: Cost | None = None,
@@ -296,9 +294,8 @@ def fit_streams(world: int, raw: dict[str, list[list[float]]], links: dict[str, 
     for k in STREAMS:
         rows = raw.get(f"stream_{k}")
         if rows:
-            one = k in ("p2p", "pipe")  # one message to one peer per call
-            steps, per = (1.0, 1.0) if one else shape(k, world)
-            got = fit_stream(rows, steps, per * steps, links.get("allreduce" if one else k), calls)
+            steps, per = (1.0, 1.0) if k == "p2p" else shape(k, world)
+            got = fit_stream(rows, steps, per * steps, links.get("allreduce" if k == "p2p" else k), calls)
             if got is not None:
                 out[k] = got
     return out
@@ -307,17 +304,15 @@ def fit_streams(world: int, raw: dict[str, list[list[float]]], links: dict[str, 
 def with_per_call(links: dict[str, Cost], calls: dict[str, PerCall]) -> dict[str, Cost]:
     """The isolated calls' costs with the per-call α of back-to-back calls where measured:
     the halo ``exchange`` gets the streamed exchange's α, and a ``send`` (pipeline P2P,
-    added) the α of the ``pipe`` samples (a GPipe step's transfers), else of the streamed
-    p2p, with the all-reduce's wire time (a ring step is such a send; its W holds the token
-    bucket). Without an isolated cost, the streamed one."""
+    added) the streamed p2p's α with the all-reduce's wire time (a ring step is such a
+    send; its W holds the token bucket). Without an isolated cost, the streamed one."""
     out = dict(links)
     if "exchange" in calls:
         ex = links.get("exchange")
         out["exchange"] = replace(ex, alpha=calls["exchange"].cost.alpha) if ex else calls["exchange"].cost
-    send = calls.get("pipe") or calls.get("p2p")
-    if send is not None:
+    if "p2p" in calls:
         ar = links.get("allreduce")
-        out["send"] = replace(ar, alpha=send.cost.alpha) if ar else send.cost
+        out["send"] = replace(ar, alpha=calls["p2p"].cost.alpha) if ar else calls["p2p"].cost
     return out
 
 

@@ -29,13 +29,7 @@ them. Such a sample is ``stream_calls`` calls in a row after the same idle and b
 divided by ``stream_calls``, for ``stream_p2p`` (blocking send/recv pairs 0→1, 2→3, ...:
 the pipeline's ``dist.send`` / ``dist.recv``, the blocking forms of isend/irecv),
 ``stream_exchange`` (the halo exchange) and ``stream_allreduce`` (a collective, for
-comparison), at :data:`STREAM_SIZES`; and ``stream_pipe``, the pipeline's transfers as a
-step issues them (:func:`_pipe`: a two-stage GPipe step of ``stream_calls`` micro-batches
-with compute between the calls, so that a receiver already waits in its recv, or a sender
-for the peer's recv, as in gpipe_step; per message, its cost beyond the compute on the
-step's critical path). Back to back, every blocking send waits for gloo's rendezvous (the
-peer's "recv ready", sent when its recv is posted): a round trip per call, which a step's
-transfer does not pay in full (#29's session 28, benchmarks/oracle/cond_probe.py). They are items of the same shuffled rounds as the
+comparison), at :data:`STREAM_SIZES`. They are items of the same shuffled rounds as the
 isolated calls, so that they sample the host over the whole calibration (the shared VM
 has slow and fast spells of seconds: samples taken in one block of 2 s moved 2-3x between
 launches); calibration.fit_stream takes the median over the rounds.
@@ -62,10 +56,7 @@ KINDS = ("allreduce", "allgather", "exchange")
 PAIR_SIZES = (1 << 19, 1 << 20, 1 << 21)
 #: back-to-back calls (``stream_calls``): the sizes of halo rows and pipeline activations (bytes)
 STREAM_SIZES = (1 << 10, 1 << 13, 1 << 15, 1 << 17)
-STREAM_KINDS = ("p2p", "exchange", "allreduce", "pipe")
-#: a ``pipe`` sample's compute per micro-batch pass: the slower stage's, the other's 0.6 of it (µs)
-PIPE_COMPUTE_US = 500.0
-PIPE_FAST = 0.6
+STREAM_KINDS = ("p2p", "exchange", "allreduce")
 
 
 def _collective(kind: str, t: Any, parts: list, rank: int, n: int, groups: tuple) -> bool:
@@ -102,40 +93,6 @@ def _stream_call(kind: str, t: Any, parts: list, rank: int, n: int) -> bool:
             return False
         return True
     return _collective(kind, t, parts, rank, n, ())
-
-
-def _pipe(t: Any, parts: list, rank: int, n: int, calls: int, slow_sender: bool, mat: Any) -> float:
-    """One two-stage GPipe step of ``calls`` micro-batches between pairs 0-1, 2-3, ...
-    (examples/parallel/strategies.gpipe_step's calls): forward, the even rank computes and
-    sends, the odd one receives and computes; backward the other way round. The stage that
-    sends first computes :data:`PIPE_COMPUTE_US` per pass when ``slow_sender``, else
-    :data:`PIPE_FAST` of it (its peer the other). On the even rank, which starts and ends
-    the step: µs per message beyond the compute on the step's critical path (the slower
-    stage's 2·calls passes, the faster one's first forward and last backward), over the
-    2·calls messages; NaN elsewhere (the odd rank, a rank without a peer)."""
-    import torch.distributed as dist
-
-    if rank % 2 == 0 and rank + 1 >= n:
-        return float("nan")
-    slow, fast = PIPE_COMPUTE_US, PIPE_FAST * PIPE_COMPUTE_US
-    mine = slow if (rank % 2 == 0) == slow_sender else fast
-    t0 = time.perf_counter()
-    for _ in range(calls):  # forward: even -> odd
-        if rank % 2 == 0:
-            _busy(mine, mat)
-            dist.send(t, rank + 1)
-        else:
-            dist.recv(parts[0], rank - 1)
-            _busy(mine, mat)
-    for _ in range(calls):  # backward: odd -> even
-        if rank % 2 == 0:
-            dist.recv(parts[0], rank + 1)
-            _busy(mine, mat)
-        else:
-            _busy(mine, mat)
-            dist.send(t, rank - 1)
-    took = (time.perf_counter() - t0) * 1e6
-    return float("nan") if rank % 2 else (took - 2 * calls * slow - 2 * fast) / (2 * calls)
 
 
 def _busy(us: float, a: Any) -> None:
@@ -188,9 +145,7 @@ def collectives(reps: int, rounds: int, warmup: int, seed: int, *, compute_us: f
                 if compute_us:
                     _busy(compute_us, mat)
                 t0 = time.perf_counter()
-                if k == "stream_pipe":  # a GPipe step: per message, beyond its compute
-                    mine.append(_pipe(bufs[s][0], bufs[s][1], rank, n, stream_calls, len(mine) % 2 == 0, mat))
-                elif k.startswith("stream_"):  # back to back: the time per call
+                if k.startswith("stream_"):  # back to back: the time per call
                     took = all([_stream_call(k[7:], bufs[s][0], bufs[s][1], rank, n) for _ in range(stream_calls)])
                     mine.append((time.perf_counter() - t0) * 1e6 / stream_calls if took else float("nan"))
                 else:

@@ -60,8 +60,7 @@ def print_calibration(d: dict, output: Path) -> None:
     for n, kinds in (cal.get("calls") or {}).items():
         for k, c in kinds.items():
             lo, mid, hi = c["alpha_rounds_us"]
-            how = "in a GPipe step" if k == "pipe" else "back to back"
-            click.echo(f"  {n} processes {k:<9}: {how}: alpha {c['alpha_us']:8.1f} us per call "
+            click.echo(f"  {n} processes {k:<9}: back to back: alpha {c['alpha_us']:8.1f} us per call "
                        f"(rounds {lo:.0f}-{hi:.0f}, median {mid:.0f}, {c['rounds']} rounds), "
                        f"beta {c['beta_us_per_byte'] * 1e3:7.3f} ns per byte sent")
     h = cal["host"]
