@@ -16,6 +16,12 @@ messages per sample, in these modes (interleaved over ``--rounds`` rounds, shuff
 * ``xb2b``, ``xstep``: the halo exchange (isend + irecv with the peer, then wait) back to
   back as ``b2b``, and each after ``--compute-us`` of compute on both ranks;
 * ``pong``:  idle, barrier, round trips (0 sends, 1 answers): half a round trip per message;
+* ``pipe``, ``pipe2``: a two-stage GPipe step (examples/parallel/strategies.gpipe_step's
+  calls): ``--calls`` micro-batches forward (0 computes, sends; 1 receives, computes),
+  then backward (1 computes, sends; 0 receives, computes); ``pipe``: stage 0 computes
+  ``--compute-us``, stage 1 0.6 of it (the receiver waits in its recv), ``pipe2`` the other
+  way round (the sender waits for the receiver's recv: gloo's rendezvous); per message:
+  the step's time on rank 0 less rank 0's and 1's compute on its path, over 2·calls;
 * ``gapG``:  idle, barrier, then ``--big`` bytes per message, each after G µs of compute on
   the sender (``--gaps``): how much the bucket refills between large messages;
 * ``agG``:   the same with ``dist.all_gather`` of ``--big`` bytes per rank, every rank
@@ -66,7 +72,7 @@ def rank_main(args: argparse.Namespace) -> None:
         for _ in range(5):
             dist.barrier()
             (dist.send if sender else dist.recv)(bufs[s], peer)
-    plan = [(m, s) for m in MODES for s in sizes]
+    plan = [(m, s) for m in args.modes.split(",") for s in sizes]
     if args.big:  # large messages after a gap of compute each: does the bucket refill during α?
         plan += [(f"{k}{g}", args.big) for g in args.gaps.split(",") for k in ("gap", "ag")]
     parts = [torch.empty(max([args.big, *sizes]) // 4) for _ in range(n)]
@@ -81,7 +87,31 @@ def rank_main(args: argparse.Namespace) -> None:
                     time.sleep(args.idle_us * 1e-6)
                 dist.barrier()
                 inside, starts, ends = 0.0, [], []
-                if m == "pong":
+                if m.startswith("pipe"):  # a GPipe step of two stages, forward then backward
+                    c0, c1 = (args.compute_us, 0.6 * args.compute_us)[:: 1 if m == "pipe" else -1]
+                    t0 = time.perf_counter()
+                    for _ in range(args.calls):  # forward: 0 -> 1
+                        if sender:
+                            _busy(c0, mat)
+                            dist.send(bufs[s], peer)
+                        else:
+                            dist.recv(bufs[s], peer)
+                            _busy(c1, mat)
+                    for _ in range(args.calls):  # backward: 1 -> 0
+                        if sender:
+                            dist.recv(bufs[s], peer)
+                            _busy(c0, mat)
+                        else:
+                            _busy(c1, mat)
+                            dist.send(bufs[s], peer)
+                    took = time.perf_counter() - t0
+                    # the compute on the step's critical path: the slower stage's 2·calls, the
+                    # other's first forward and last backward (pipeline fill and drain)
+                    crit = 2 * args.calls * max(c0, c1) + 2 * min(c0, c1)
+                    inside = (took - crit * 1e-6) / 2
+                    starts.append(t0)
+                    ends.append(t0 + took)
+                elif m == "pong":
                     t0 = time.perf_counter()
                     for _ in range(args.calls):
                         if sender:
@@ -168,6 +198,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--idle-us", type=float, default=8000.0)
     p.add_argument("--compute-us", type=float, default=500.0)
+    p.add_argument("--modes", default=",".join(MODES), help="the modes to run (pipe, pipe2 besides MODES)")
     p.add_argument("--big", type=int, default=262144, help="bytes of the gap modes' messages (0: none)")
     p.add_argument("--gaps", default="0,1000,2000,4000", help="compute (µs) before each large message")
     args = p.parse_args()
