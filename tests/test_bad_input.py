@@ -414,6 +414,16 @@ def test_kineto_missing_rank_is_an_error_unless_allowed(kineto_dir: Path, run_cl
     assert "1 of 2 workers" in out and "1 of 2 ranks present: collectives keep their measured durations" in out
 
 
+def test_optimize_one_worker_without_collectives(run_cli) -> None:
+    """A one-process GPU trace (no collective) cannot be optimized: one line says why and
+    what to ask instead; a rank whose peers are absent gets the other reason."""
+    data = Path(__file__).parent / "data"
+    one_line_error(run_cli("optimize", data / "gpu_h200" / "mlp_launch_bound"), "no collective in the trace (1 worker(s))",
+                   "dpro whatif PATH --workers N --platform FILE")
+    one_line_error(run_cli("--allow-missing-ranks", "optimize", data / "hta_extra" / "negative_queue_rank0"),
+                   "no link cost could be fitted", "on every rank of its group")
+
+
 # --------------------------------------------------------------------------- paths
 
 

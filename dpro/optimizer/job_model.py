@@ -168,6 +168,11 @@ def job_model(gt: GTrace, link: LinkCost | None, steps: list[int] | None = None,
             raise DproInputError(where, "no server link cost could be fitted: the optimizer needs the servers' "
                                         "answers to pulls (PULL_REQ ops with their bytes)")
     if link is None:
+        if not any(op.cat == "COMM" for nt in workers for op in nt.ops.values()):
+            raise DproInputError(where, f"no collective in the trace ({len(workers)} worker(s)): the optimizer "
+                                        "models a data-parallel job's communication and needs one; for a "
+                                        "one-worker profile ask `dpro whatif PATH --workers N --platform FILE` "
+                                        "(dpro calibrate) what more workers would do")
         raise DproInputError(where, "no link cost could be fitted: the optimizer needs at least one collective "
                                     "with its size recorded on every rank of its group")
     if gt.manifest.library == "horovod":
