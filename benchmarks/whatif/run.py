@@ -20,6 +20,7 @@ Usage::
     python benchmarks/whatif/run.py --cap-mbit 500                       # in namespaces, capped (root)
     python benchmarks/whatif/run.py --profiles '' --bandwidth-case 1000:200,500
     python benchmarks/whatif/run.py --framework horovod [--cap-mbit 500]
+    python benchmarks/whatif/run.py --truth-runs 6 --profile-runs 3   # every size profiled 3 times: median prediction
 """
 
 from __future__ import annotations
@@ -160,6 +161,17 @@ def row(o, network: str, p: int, n: int, pt: dict, pred: dict, truth: dict) -> d
             "transfer": pred["transfer"], "profile_measured_us": pred["measured_iteration_us"]}
 
 
+def median_row(o, network: str, p: int, per_profile: list[tuple[dict, dict]], runs: dict[int, list[dict]]) -> dict:
+    """The row of one target from several profiles: the profile whose prediction is the median
+    (the lower middle one of an even count), with every profile's prediction listed."""
+    ranked = sorted(per_profile, key=lambda x: x[0]["iteration_us"])
+    pt, pred = ranked[(len(ranked) - 1) // 2]
+    n = pt["workers"]
+    return {**row(o, network, p, n, pt, pred, combine(runs[n])),
+            "profile_predictions_us": [x[0]["iteration_us"] for x in per_profile],
+            "profiles_measured_us": [x[1]["measured_iteration_us"] for x in per_profile]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--framework", choices=["ddp", "horovod"], default="ddp",
@@ -177,6 +189,9 @@ def main() -> None:
     ap.add_argument("--truth-runs", type=int, default=2,
                     help="unprofiled runs of every target, half before and half after the profiles")
     ap.add_argument("--active", type=int, default=10, help="profiled steps (a profile of a few steps is noisy here)")
+    ap.add_argument("--profile-runs", type=int, default=1,
+                    help="profile every size this many times (interleaved) and predict with the median prediction "
+                         "per target: one run of a loopback job stands for a phase of the machine")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
     ap.add_argument("--port", type=int, default=29900)
     ap.add_argument("--reuse", action="store_true", help="keep the measurements and profiles already in OUT")
@@ -211,19 +226,21 @@ def main() -> None:
 
         for k in range(o.truth_runs // 2):  # before and after the profiles: slow drifts hit both sides
             truths(k)
-        preds = []
-        for p in profiles:
-            port += 1
-            tdir = sub / f"profile{p}"
-            profile(p, o, port, fid, tdir, o.cap_mbit)
-            extra = ["--platform", str(plat)] if p == 1 else []
-            if p == 1 and o.cap_mbit is not None:
-                extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
-            preds.append((p, dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common)))
+        preds: dict[int, list[dict]] = {p: [] for p in profiles}
+        for i in range(o.profile_runs):
+            for p in profiles:
+                port += 1
+                tdir = sub / (f"profile{p}" if o.profile_runs == 1 else f"profile{p}_{i}")
+                profile(p, o, port, fid, tdir, o.cap_mbit)
+                extra = ["--platform", str(plat)] if p == 1 else []
+                if p == 1 and o.cap_mbit is not None:
+                    extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
+                preds[p].append(dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common))
         for k in range(o.truth_runs // 2, o.truth_runs):
             truths(k)
-        for p, pred in preds:
-            rows += [row(o, net, p, pt["workers"], pt, pred, combine(runs[pt["workers"]])) for pt in pred["scaling"]]
+        for p, plist in preds.items():
+            for j in range(len(plist[0]["scaling"])):
+                rows.append(median_row(o, net, p, [(pl["scaling"][j], pl) for pl in plist], runs))
     if o.bandwidth_case:
         prof, _, tgts = o.bandwidth_case.partition(":")
         port += 1
@@ -242,7 +259,9 @@ def main() -> None:
         case = f"{'hvd ' if r['framework'] == 'horovod' else ''}{r['model']} {r['network']} P{r['profiled_workers']}->N{r['workers']}"
         print(f"{case:36} {r['predicted_us'] / 1e3:9.2f} {r['measured_us'] / 1e3:9.2f} {r['error_pct']:+7.1f} "
               f"{r['noise_pct']:8.1f} {r['repeat_pct']:8.1f} {r['foreign_cpu_pct'] or 0:9.0f} "
-              f"{r['profile_measured_us'] / 1e3:10.2f}")
+              f"{r['profile_measured_us'] / 1e3:10.2f}" + (
+                  "  profiles: " + " / ".join(f"{x / 1e3:.2f}" for x in r["profile_predictions_us"])
+                  if len(r.get("profile_predictions_us", [])) > 1 else ""))
     errs = sorted(abs(r["error_pct"]) for r in rows)
     if errs:
         print(f"median |error| {statistics.median(errs):.1f}%, max {errs[-1]:.1f}% over {len(errs)} cases "
