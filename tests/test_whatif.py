@@ -432,6 +432,22 @@ def test_saturated_profile_is_deflated():
     assert p.iteration_us == pytest.approx(160.0, rel=1e-4)
 
 
+def test_deflation_takes_the_profiles_measured_step():
+    """The same graph, whose worker simulated alone steps 160 µs, profiled at a measured
+    200 µs a step (the other rank's waits): 2*(160 + 40) = 2*200, the cores were not
+    saturated, nothing is deflated; measured at 160 µs it is, by 4/3 as above."""
+    from dpro.whatif.scaleout import Cluster, deflate_contended
+
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
+    g.connect(a, b)
+    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                     attrs={"sub_op": "ALLREDUCE"}))
+    c = Cluster(2, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
+    assert deflate_contended(g.copy(), c, 2, step_us=200.0) == 1.0
+    assert deflate_contended(g.copy(), c, 2, step_us=160.0) == pytest.approx(4 / 3)
+
+
 def test_calibrate_measures_time_and_cpu(tmp_path):
     """Two real gloo processes: every size has a wall and a CPU time, both fitted; the
     platform file reads back with the collectives' CPU cost."""
