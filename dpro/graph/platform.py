@@ -12,7 +12,10 @@ and bytes)::
 ``allreduce`` is the per-ring-step cost of the backend's all-reduce (a ring all-reduce of
 B bytes over N ranks takes ``2(N-1) * (alpha + beta*B/N)``); an optional ``ps`` entry of
 the same shape is the cost of one parameter-server message; ``allreduce`` may also hold
-``cpu_alpha_us`` and ``cpu_beta_us_per_byte``, the CPU time per rank in the same form, and ``ps``
+``cpu_alpha_us`` and ``cpu_beta_us_per_byte``, the CPU time per rank in the same form, and
+``overlap_alpha_us``, ``overlap_beta_us_per_byte`` and ``overlap_compute_rate``: the same
+all-reduce while every rank computes, and the computation's speed meanwhile (over alone;
+:mod:`dpro.whatif.overlap`), and ``ps``
 ``worker_cpu_alpha_us``, ``worker_cpu_beta_us_per_byte``, ``server_cpu_alpha_us``,
 ``server_cpu_beta_us_per_byte``, the CPU time of one PS message on each side (``dpro calibrate
 --backend ps-lite``), and ``port_efficiency``, a list of ``{"workers": N, "servers": S,
@@ -52,6 +55,15 @@ class PsCpu:
     server: Transfer
 
 
+@dataclass(frozen=True)
+class OverlapCost:
+    """The all-reduce while every rank computes (per ring step, as ``allreduce``) and the
+    computation's speed meanwhile, over its speed alone (``dpro calibrate``)."""
+
+    transfer: Transfer
+    compute_rate: float
+
+
 @dataclass
 class Platform:
     """The measured costs of a platform."""
@@ -69,6 +81,8 @@ class Platform:
     ps_cpu: PsCpu | None = None
     #: (workers, servers, efficiency) of the busiest PS server port with that many asynchronous senders
     ps_port: tuple[tuple[int, int, float], ...] = ()
+    #: the all-reduce and the computation while they overlap (``overlap_*`` in ``allreduce``)
+    allreduce_overlap: OverlapCost | None = None
 
     def transfer(self, kind: str) -> Transfer:
         t = self.allreduce if kind == "allreduce" else (self.ps or self.allreduce)
@@ -115,7 +129,19 @@ def load_platform(path: str | Path) -> Platform:
         cpu = _transfer({"alpha_us": a.get("cpu_alpha_us"), "beta_us_per_byte": a.get("cpu_beta_us_per_byte")},
                         p, "allreduce cpu")
     return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p), cpu,
-                    _ps_cpu(d.get("ps"), p), _ps_port(d.get("ps"), p))
+                    _ps_cpu(d.get("ps"), p), _ps_port(d.get("ps"), p), _overlap(d.get("allreduce"), p))
+
+
+def _overlap(d: object, path: Path) -> OverlapCost | None:
+    """The ``allreduce`` entry's overlapped cost, if it has one."""
+    if not isinstance(d, dict) or not any(k.startswith("overlap_") for k in d):
+        return None
+    t = _transfer({"alpha_us": d.get("overlap_alpha_us"), "beta_us_per_byte": d.get("overlap_beta_us_per_byte")},
+                  path, "allreduce overlap")
+    rate = d.get("overlap_compute_rate")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1.5:
+        raise DproInputError(path, "not a platform file: 'allreduce.overlap_compute_rate' must be a number in (0, 1.5]")
+    return OverlapCost(t, float(rate))  # type: ignore[arg-type]
 
 
 def _ps_port(d: object, path: Path) -> tuple[tuple[int, int, float], ...]:

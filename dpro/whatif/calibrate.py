@@ -10,6 +10,14 @@ The same calls' CPU time (the rank's process, all threads, user + system: the li
 reductions and copies and the kernel's socket work) is fitted the same way
 (``cpu_alpha_us``, ``cpu_beta_us_per_byte``): the CPU a collective takes from the cores
 the workers share (``dpro whatif --host-cores``).
+
+Then each size again while every rank computes (a gradient-like matmul, ``[H, b] @ [b, H]``,
+in a loop on the main thread, as a DDP backward goes on while gloo's thread all-reduces a
+bucket): the call's time, fitted the same way (``overlap_alpha_us``,
+``overlap_beta_us_per_byte``), and the computation's speed meanwhile over its speed alone
+(``overlap_compute_rate``: the work done while the calls ran over the work done alone in the
+same time, all sizes together): how the two slow each other on shared cores
+(:mod:`dpro.whatif.overlap`).
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ import resource
 import socket
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +49,7 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int],
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world)
+    unit, unit_us = _compute_unit(torch)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
@@ -51,10 +62,59 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int],
             dist.all_reduce(x)
             ts.append((time.perf_counter() - t0) * 1e6)
             cpu.append(process_cpu_us() - c0)
-        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts), "cpu_us": statistics.median(cpu)})
+        over, work = [], []
+        for _ in range(repeats):
+            dist.barrier()
+            us, units = _overlapped(dist, x, unit)
+            over.append(us)
+            work.append(units * unit_us)
+        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts), "cpu_us": statistics.median(cpu),
+                     "overlapped_us": statistics.median(over), "overlapped_total_us": sum(over),
+                     "compute_done_us": sum(work)})
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
+
+
+def _compute_unit(torch) -> tuple[Callable[[], None], float]:
+    """A unit of computation like a backward's (an MLP layer's weight gradient at batch 32,
+    about 1 ms on one core) and its time alone (µs)."""
+    a, b, w = torch.randn(1024, 32), torch.randn(32, 1024), torch.empty(1024, 1024)
+
+    def unit() -> None:
+        torch.mm(a, b, out=w)
+
+    for _ in range(20):
+        unit()
+    t0 = time.perf_counter()
+    for _ in range(100):
+        unit()
+    return unit, (time.perf_counter() - t0) * 1e6 / 100
+
+
+def _overlapped(dist, x, unit: Callable[[], None]) -> tuple[float, float]:
+    """One all-reduce of ``x`` started asynchronously while this thread runs ``unit`` until
+    it has ended (stamped by its future's callback): its time (µs) and the units done
+    meanwhile (the one running at its end pro rata)."""
+    done = threading.Event()
+    stamp: list[float] = []
+
+    def ended(_f) -> None:
+        stamp.append(time.perf_counter())
+        done.set()
+
+    t0 = time.perf_counter()
+    work = dist.all_reduce(x, async_op=True)
+    work.get_future().add_done_callback(ended)
+    ticks = [t0]
+    while not done.is_set():
+        unit()
+        ticks.append(time.perf_counter())
+    work.wait()
+    t_end = stamp[0]
+    k = sum(1 for t in ticks[1:] if t <= t_end)
+    part = (t_end - ticks[k]) / (ticks[k + 1] - ticks[k]) if k + 1 < len(ticks) else 0.0
+    return (t_end - t0) * 1e6, k + part
 
 
 def process_cpu_us() -> float:
@@ -79,8 +139,12 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
     A = np.array([[k, k * r["bytes"] / processes] for r in rows], dtype=float)
     lc = lad_link_cost(A, np.array([r["us"] for r in rows], dtype=float))
     cpu = lad_link_cost(A, np.array([r["cpu_us"] for r in rows], dtype=float))
+    over = lad_link_cost(A, np.array([r["overlapped_us"] for r in rows], dtype=float))
+    rate = sum(r["compute_done_us"] for r in rows) / max(sum(r["overlapped_total_us"] for r in rows), 1e-9)
     return {"format": FORMAT, "version": 1, "backend": backend, "processes": processes, "host": socket.gethostname(),
             "allreduce": {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "fit_error": lc.fit_error,
                           "cpu_alpha_us": cpu.alpha, "cpu_beta_us_per_byte": cpu.beta,
+                          "overlap_alpha_us": over.alpha, "overlap_beta_us_per_byte": over.beta,
+                          "overlap_compute_rate": min(1.5, max(rate, 1e-3)),
                           "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N), CPU per rank alike"},
             "samples": rows}

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -96,24 +95,27 @@ def transfer_ends(flows: Sequence[tuple[float, float, Iterable[Hashable]]],
     return ends
 
 
-@dataclass(frozen=True)
-class FlowSpec:
-    """An op of a replayed graph that moves ``bytes`` through ``resources`` after a fixed
-    ``latency`` (µs, the op's own duration in the graph: a message's overhead)."""
-
-    bytes: float
-    resources: tuple[Hashable, ...]
+def max_min_law(resources: Mapping[int, Iterable[Hashable]],
+                capacities: Mapping[Hashable, float]) -> Callable[[Sequence[int]], list[float]]:
+    """The rate law of :func:`simulate_fluid` for flows that share links max-min fairly:
+    flow ``i`` crosses ``resources[i]`` (bytes/µs ``capacities``)."""
+    return lambda ids: max_min_rates([resources[i] for i in ids], capacities)
 
 
-def simulate_fluid(g: CompiledGraph, key: np.ndarray | None, flows: Mapping[int, FlowSpec],
-                   capacities: Mapping[Hashable, float]) -> Schedule:
+def simulate_fluid(g: CompiledGraph, key: np.ndarray | None, sizes: Mapping[int, float],
+                   rates: Callable[[Sequence[int]], Sequence[float]], fixed: Mapping[int, float] | None = None) -> Schedule:
     """Replay ``g`` as :func:`dpro.whatif.priority.simulate_priority` does (a free device
     runs its ready op of lowest ``key``; no preemption; ``key=None``: the first ready,
-    then the lowest measured start offset, as the replayer's engine), except that an op in ``flows``
-    lasts its own duration (a fixed latency) and then until its bytes have crossed its
-    resources at the max-min fair rate among the flows moving at that moment."""
+    then the lowest measured start offset, as the replayer's engine), except that an op in
+    ``sizes`` (a flow) lasts its own duration (a fixed latency) and then until its size has
+    moved at the rate ``rates(flows moving)`` gives it, solved again whenever a flow starts or
+    ends (:func:`max_min_law`: bytes over shared links; :mod:`dpro.whatif.overlap`: µs of work
+    at the speed computation and collectives leave each other). ``fixed``: a flow's fixed
+    part where it is not its compiled duration (0: all of it moves at the rate)."""
     n = g.n
     dur = g.dur.tolist()
+    for i, d in (fixed or {}).items():
+        dur[i] = d
     dev = g.device.tolist()
     ptr, succ = g.succ_ptr.tolist(), g.succ_idx.tolist()
     pend = g.indegree().tolist()
@@ -136,7 +138,7 @@ def simulate_fluid(g: CompiledGraph, key: np.ndarray | None, flows: Mapping[int,
         if pend[i] == 0:
             heapq.heappush(ready[dev[i]], (rank(i), i))
     now, done = 0.0, 0
-    rates: dict[int, float] = {}
+    rate: dict[int, float] = {}
     changed = True
 
     def finish(i: int) -> None:
@@ -160,20 +162,20 @@ def simulate_fluid(g: CompiledGraph, key: np.ndarray | None, flows: Mapping[int,
                 heapq.heappush(timed, (now + dur[i], i))
         if changed:
             ids = list(moving)
-            rates = dict(zip(ids, max_min_rates([flows[i].resources for i in ids], capacities)))
+            rate = dict(zip(ids, rates(ids)))
             changed = False
         t_next = timed[0][0] if timed else math.inf
         for i, b in moving.items():
-            t_next = min(t_next, now + b / rates[i])
+            t_next = min(t_next, now + b / rate[i])
         if t_next == math.inf:
             break
         dt = t_next - now
         now = t_next
         ended = []
         for i in moving:
-            moving[i] -= rates[i] * dt
+            moving[i] -= rate[i] * dt
             # done, or what is left is below the clock's resolution at ``now`` (it would never end)
-            if moving[i] <= _EPS * max(1.0, flows[i].bytes) or now + moving[i] / rates[i] <= now:
+            if moving[i] <= _EPS * max(1.0, sizes[i]) or now + moving[i] / rate[i] <= now:
                 ended.append(i)
         for i in ended:
             del moving[i]
@@ -181,8 +183,8 @@ def simulate_fluid(g: CompiledGraph, key: np.ndarray | None, flows: Mapping[int,
             changed = True
         while timed and timed[0][0] <= now:
             _, i = heapq.heappop(timed)
-            if i in flows and flows[i].bytes > 0:
-                moving[i] = float(flows[i].bytes)
+            if sizes.get(i, 0.0) > 0:
+                moving[i] = float(sizes[i])
                 changed = True
             else:
                 finish(i)

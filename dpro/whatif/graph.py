@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dpro.graph.comm_model import LinkCost
     from dpro.graph.compiled import CompiledGraph
     from dpro.replayer.engine import Schedule
+    from dpro.whatif.overlap import Overlap
 
 #: a scheduling policy: op -> priority key, lower runs first among the ops ready on a device
 Policy = Callable[["Op"], float]
@@ -116,6 +117,8 @@ class WhatIfGraph:
         #: bytes/µs of the links and ports that ops with ``attrs["links"]`` (the resources
         #: they cross) share max-min fairly in :meth:`simulate` (:mod:`dpro.whatif.fairshare`)
         self.links: dict | None = None
+        #: computation and collectives slowing each other on a node (:mod:`dpro.whatif.overlap`)
+        self.overlap: Overlap | None = None
         self._next = 0
 
     # -- building -------------------------------------------------------------------------
@@ -143,6 +146,7 @@ class WhatIfGraph:
         g.pred = {i: set(s) for i, s in self.pred.items()}
         g.policy, g.link_cost, g._next = self.policy, self.link_cost, self._next
         g.links = None if self.links is None else dict(self.links)
+        g.overlap = self.overlap
         return g
 
     def _id(self, op: Op | int) -> int:
@@ -217,14 +221,21 @@ class WhatIfGraph:
         with :attr:`links`, ops that cross them (``attrs["links"]``) last their own time plus
         their bytes at the max-min fair rate (:func:`dpro.whatif.fairshare.simulate_fluid`)."""
         g, ids = self.compile()
+        key = None if self.policy is None else np.array([float(self.policy(self.ops[i])) for i in ids])
         flows = {} if not self.links else {
             k: self.ops[i].attrs["links"] for k, i in enumerate(ids) if self.ops[i].attrs.get("links")}
+        if flows and self.overlap is not None:
+            raise ValueError("a graph with both shared links and an overlap law: not modelled")
         if flows:
-            from dpro.whatif.fairshare import FlowSpec, simulate_fluid
+            from dpro.whatif.fairshare import max_min_law, simulate_fluid
 
-            key = None if self.policy is None else np.array([float(self.policy(self.ops[i])) for i in ids])
-            sched = simulate_fluid(g, key, {k: FlowSpec(float(self.ops[ids[k]].bytes), tuple(r))
-                                            for k, r in flows.items()}, self.links)
+            sched = simulate_fluid(g, key, {k: float(self.ops[ids[k]].bytes) for k in flows},
+                                   max_min_law({k: tuple(r) for k, r in flows.items()}, self.links))
+        elif self.overlap is not None:
+            from dpro.whatif.fairshare import simulate_fluid
+
+            sizes, law = self.overlap.flows(self, ids)
+            sched = simulate_fluid(g, key, sizes, law, fixed={k: 0.0 for k in sizes})
         elif self.policy is None:
             from dpro.replayer.engine import simulate
 
@@ -232,7 +243,7 @@ class WhatIfGraph:
         else:
             from dpro.whatif.priority import simulate_priority
 
-            sched = simulate_priority(g, np.array([float(self.policy(self.ops[i])) for i in ids]))
+            sched = simulate_priority(g, key)
         return WhatIfResult(sched.makespan, g, sched, ids)
 
     # -- conversion -----------------------------------------------------------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from dpro.graph.platform import FORMAT, Platform, PsCpu, Transfer, load_platform
+from dpro.graph.platform import FORMAT, OverlapCost, Platform, PsCpu, Transfer, load_platform
 
-__all__ = ["FORMAT", "Platform", "PsCpu", "Transfer", "load_platform", "parse_bandwidth", "parse_time_us", "parse_workers"]
+__all__ = ["FORMAT", "OverlapCost", "Platform", "PsCpu", "Transfer", "load_platform", "parse_bandwidth", "parse_time_us", "parse_workers"]
 
 _BW = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
        "b/s": 8, "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9, "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}

@@ -37,7 +37,8 @@ from dpro.whatif.async_sim import simulate_async
 from dpro.whatif.graph import Op, WhatIfGraph
 from dpro.whatif.horovod_spans import SpanFit, give_back_excess, horovod_span_fit
 from dpro.whatif.models import Transfer, allreduce_us
-from dpro.whatif.platform import Platform, PsCpu
+from dpro.whatif.overlap import Overlap, deflate_overlap
+from dpro.whatif.platform import OverlapCost, Platform, PsCpu
 
 if TYPE_CHECKING:
     from dpro.job import Job
@@ -89,6 +90,11 @@ class Cluster:
     #: P3 on a parameter server (the ``p3`` what-if): slices of at most this many bytes,
     #: sent first layer first, no barrier between steps (:mod:`dpro.whatif.p3_ps`)
     p3_slice_bytes: int | None = None
+    #: the all-reduce while the ranks compute and their computation's speed meanwhile
+    #: (``dpro calibrate``, a platform's ``overlap_*``): with it, a rank's CPU computation and
+    #: its collectives slow each other while both run (:mod:`dpro.whatif.overlap`); taken from
+    #: the platform when its all-reduce cost is the one used, as calibrated, with ``host_cores``
+    overlap: OverlapCost | None = None
 
 
 @dataclass
@@ -271,6 +277,22 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
         res.notes.append(f"Horovod: ring cost fitted on the {spans.samples} fused executions' whole spans "
                          f"(alpha {spans.transfer.alpha:.1f} us, beta {spans.transfer.beta * 1e3:.2f} ns/B), "
                          "each collective's gap keeps only the excess beyond it")
+    if kind == "allreduce" and c0.host_cores and platform is not None and platform.allreduce_overlap is not None \
+            and src == f"platform {platform.source}":
+        # the platform's collectives, as calibrated, were timed alone: the overlap is the model's, not
+        # the profile's (a --bandwidth or --latency given: the wire paces them, the calibration's overlap
+        # on its link does not apply)
+        law = platform.allreduce_overlap
+        cluster_points = [c if c.overlap is not None else replace(c, overlap=law) for c in cluster_points]
+        res.notes.append(f"collectives and computation slow each other while both run (platform): computation "
+                         f"at x{law.compute_rate:.2f}, collectives at alpha {law.transfer.alpha:.1f} us, "
+                         f"beta {law.transfer.beta * 1e3:.2f} ns/B a ring step")
+        for g in reps if len(reps) > 1 else []:  # one rank's collectives take no time
+            if any(not op.attrs.get("synthesized") for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE")):
+                us = deflate_overlap(g, law.compute_rate)
+                if us > 0:
+                    res.notes.append(f"the profile's computation beside its collectives: {us / 1e3:.2f} ms "
+                                     "back to its time alone")
     per_rep = [transfer] * len(reps)
     if kind == "allreduce" and not c0.asynchronous:
         c_ = cluster_points[0]
@@ -453,6 +475,10 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int, step_us: float 
 def _allreduce_point(g: WhatIfGraph, c: Cluster, t: Transfer) -> Point:
     for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE"):
         op.dur = allreduce_us(op.bytes, c.workers, t, c.algorithm)
+    if c.overlap is not None:
+        g.overlap = Overlap(c.overlap.compute_rate, {
+            op.id: allreduce_us(op.bytes, c.workers, c.overlap.transfer, c.algorithm)
+            for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE")})
     return _oversubscribed(g, c, lambda h: _simulate_point(h, c.workers, None), lockstep=True)
 
 
