@@ -23,6 +23,9 @@ written (:mod:`dpro.profiler.pytorch.backend`, :mod:`dpro.profiler.tensorflow.ba
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 # ----------------------------------------------------------------------------- environment
 
 #: where each rank writes its part of the recording (`dpro profile` sets it; default ``./dpro_traces``)
@@ -120,6 +123,13 @@ SERVER_GLOB = f"{SERVER_PREFIX}*{SERVER_SUFFIX}"
 #: the NCCL plugin's output directory and files
 NCCL_DIR = "nccl"
 NCCL_TRACE_GLOB = "nccl_rank*.jsonl"
+
+
+def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the switch ``name`` is on in ``environ`` (default ``os.environ``): ``1``,
+    ``true`` or ``yes``, any case, spaces around ignored."""
+    env = os.environ if environ is None else environ
+    return env.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 def rank_stem(rank: int) -> str:

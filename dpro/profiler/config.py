@@ -22,6 +22,7 @@ from dpro.contracts.recording import (
     ENV_TF_PRIME_STEPS,
     ENV_TRACE_DIR,
     ENV_WARMUP,
+    env_flag,
 )
 
 DEFAULT_WARMUP = 5
@@ -108,7 +109,7 @@ class RecordConfig:
             warmup=w,
             steps=n,
             host=host,
-            enabled=env.get(ENV_DISABLE, "") not in ("1", "true", "yes") and not problems,
+            enabled=not env_flag(ENV_DISABLE, env) and not problems,
             after=after,
             record_shapes=shapes,
             profile_memory=memory,
@@ -148,7 +149,7 @@ def _env_bool(name: str, default: bool | None, problems: list[str]) -> bool | No
     text = os.environ.get(name, "").strip().lower()
     if not text:
         return default
-    if text in ("1", "true", "yes"):
+    if env_flag(name):
         return True
     if text in ("0", "false", "no"):
         return False
@@ -160,4 +161,4 @@ def measure_compile_enabled() -> bool:
     """Whether the job asked the ranks to time their blocks compiled after the window
     (``dpro profile --measure-compile``: :mod:`dpro.profiler.pytorch.compile_probe`,
     :mod:`dpro.profiler.tensorflow.compile_probe`)."""
-    return os.environ.get(ENV_MEASURE_COMPILE, "") in ("1", "true", "yes")
+    return env_flag(ENV_MEASURE_COMPILE)

@@ -40,6 +40,7 @@ from dpro.contracts.recording import (
     ENV_MXNET_UNBULK,
     FRAMEWORK_MXNET,
     MetaKey,
+    env_flag,
     rank_meta_name,
     rank_trace_name,
 )
@@ -120,7 +121,7 @@ class MXNetBackend:
         By default the window keeps bulking: it runs the job as the user does (its pushes
         leave when a bulked segment ends; overhead ~1 % where unbulking cost 2.5-4 %,
         docs/fidelity.md), and a bulked segment is one op."""
-        if os.environ.get(ENV_MXNET_UNBULK, "").lower() not in ("1", "true", "yes"):
+        if not env_flag(ENV_MXNET_UNBULK):
             return
         model = self.model
         if isinstance(model, self.mx.gluon.HybridBlock) and getattr(model, "_active", False):

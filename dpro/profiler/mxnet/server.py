@@ -27,6 +27,7 @@ from dpro.contracts.recording import (
     ENV_WARMUP,
     FRAMEWORK_MXNET,
     ServerKey,
+    env_flag,
     server_file_name,
 )
 from dpro.profiler.mxnet.backend import itemsize, now_us
@@ -92,7 +93,7 @@ def run_ps_node() -> None:
         from mxnet.kvstore.kvstore_server import KVStoreServer
     finally:
         os.environ["DMLC_ROLE"] = role
-    enabled = bool(os.environ.get(ENV_TRACE_DIR)) and os.environ.get(ENV_DISABLE, "") not in ("1", "true", "yes")
+    enabled = bool(os.environ.get(ENV_TRACE_DIR)) and not env_flag(ENV_DISABLE)
     rec = ServerRecorder(Path(os.environ[ENV_TRACE_DIR]) if enabled else None)
     kv = mx.kv.create("dist")
 

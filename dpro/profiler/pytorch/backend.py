@@ -34,14 +34,15 @@ import torch
 
 from dpro.contracts.recording import (
     BUCKET_PREFIX,
+    ENV_SLOW_LAYERS,
     FRAMEWORK_PYTORCH,
     LAYER_PREFIX,
-    MetaKey,
-    light_trace_name,
     META_FORMAT,
     META_VERSION,
     TORCH_STEP_PREFIX,
-    ENV_SLOW_LAYERS,
+    MetaKey,
+    env_flag,
+    light_trace_name,
     rank_meta_name,
     rank_trace_name,
 )
@@ -222,7 +223,7 @@ class TorchBackend:
     # ---------------------------------------------------------------- layers
     def _install_layer_hooks(self) -> None:
         stack: list[Any] = []
-        fast = None if os.environ.get(ENV_SLOW_LAYERS, "") in ("1", "true", "yes") else fast_range()
+        fast = None if env_flag(ENV_SLOW_LAYERS) else fast_range()
         self._fast_layers = fast is not None
         make = fast if fast is not None else torch.profiler.record_function
 

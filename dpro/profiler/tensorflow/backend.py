@@ -65,6 +65,9 @@ from pathlib import Path
 from typing import Any
 
 from dpro.contracts.recording import (
+    ENV_TF_COLLECT_IN_WINDOW,
+    ENV_TF_DEVICE_TRACER_LEVEL,
+    ENV_TF_PROFILER,
     FRAMEWORK_TENSORFLOW,
     META_FORMAT,
     META_VERSION,
@@ -73,12 +76,10 @@ from dpro.contracts.recording import (
     TF_EVENT_START,
     TF_RANK_FORMAT,
     TF_RANK_VERSION,
-    ENV_TF_COLLECT_IN_WINDOW,
-    ENV_TF_DEVICE_TRACER_LEVEL,
-    ENV_TF_PROFILER,
     XPLANE_SUFFIX,
     MetaKey,
     TFRankKey,
+    env_flag,
     rank_meta_name,
     rank_trace_name,
     rank_xplane_name,
@@ -268,7 +269,7 @@ class TFBackend:
         """Start TF's profiler for the window; stop collecting graphs if the warm-up's are in."""
         self._stop_prime()  # not stopped if the warm-up's last call failed
         self.logdir = tempfile.mkdtemp(prefix="dpro-tf-")
-        if os.environ.get(ENV_TF_COLLECT_IN_WINDOW, "") not in ("1", "true", "yes") and self._take_graphs():
+        if not env_flag(ENV_TF_COLLECT_IN_WINDOW) and self._take_graphs():
             # the step function was instantiated in the warm-up: its graphs are in
             self._stop_collecting()
         opts = self._options()
