@@ -710,6 +710,9 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--backend", default="gloo", show_default=True,
               help="torch.distributed backend, or ps-lite (MXNet's parameter server).")
 @click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size (ps-lite: the least push/pull rounds per size).")
+@click.option("--tries", default=3, show_default=True,
+              help="All-reduce: measure this many times in fresh processes and keep each size's median (one try "
+                   "catches one of the machine's regimes).")
 @click.option("--python", "python", default=None, metavar="EXE",
               help="ps-lite: the Python with MXNet to run the scheduler, server and worker (default: this one).")
 @click.option("--json", "as_json", is_flag=True, help="Also print the platform file.")
@@ -738,7 +741,7 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--idle-us", default=8000.0, show_default=True,
               help="--oracle: idle time before every timed call (µs), so that a token bucket refills as during compute.")
 def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool, oracle: bool,
-                  nprocs: str, topology: str, rounds: int, idle_us: float, python: str | None = None,
+                  nprocs: str, topology: str, rounds: int, idle_us: float, tries: int = 3, python: str | None = None,
                   port_workers: str | None = None, port_trace: Path | None = None,
                   port_momentum: float = 0.0) -> None:
     """Measure this machine's all-reduce (or ps-lite) cost for `dpro whatif --platform`.
@@ -773,17 +776,23 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
         raise DproInputError(None, f"--processes {processes}: at least 2")
     if repeats < 1:
         raise DproInputError(None, f"--repeats {repeats}: at least 1")
+    if tries < 1:
+        raise DproInputError(None, f"--tries {tries}: at least 1")
     from dpro.jsonio import write_json
+    from dpro.progress import progress_bar
     from dpro.whatif.calibrate import calibrate
 
-    d = calibrate(processes, backend, repeats=repeats)
+    with progress_bar(tries, "calibrating the all-reduce") as tick:
+        d = calibrate(processes, backend, repeats=repeats, tries=tries, tick=tick)
     write_json(output, d)
     if as_json:
         print_json(d)
     else:
         a = d["allreduce"]
         click.echo(f"wrote {output}: {backend}, {processes} processes: alpha {a['alpha_us']:.1f} us, "
-                   f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%})")
+                   f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%}); "
+                   f"while the ranks compute: alpha {a['overlap_alpha_us']:.1f} us, beta "
+                   f"{a['overlap_beta_us_per_byte'] * 1e3:.4f} us/KB, computation at x{a['overlap_compute_rate']:.2f}")
 
 
 def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool, port_workers: str | None = None,

@@ -456,8 +456,10 @@ def test_calibrate_measures_time_and_cpu(tmp_path):
     from dpro.whatif.calibrate import calibrate
     from dpro.whatif.platform import load_platform
 
-    d = calibrate(2, "gloo", sizes=[4096, 1 << 20], repeats=3)
+    d = calibrate(2, "gloo", sizes=[4096, 1 << 20], repeats=3, tries=2)
     assert [r["bytes"] for r in d["samples"]] == [4096, 1 << 20]
+    assert len(d["tries"]) == 2  # each size: the median over the tries (of two: their mean)
+    assert d["samples"][1]["us"] == pytest.approx((d["tries"][0][1]["us"] + d["tries"][1][1]["us"]) / 2)
     assert all(r["us"] > 0 and r["cpu_us"] >= 0 for r in d["samples"])
     ar = d["allreduce"]
     assert ar["cpu_alpha_us"] >= 0 and ar["cpu_beta_us_per_byte"] >= 0

@@ -133,10 +133,21 @@ def test_calibrate_measures_the_overlap(tmp_path):
     fit and the computation's rate are in the platform file and read back."""
     from dpro.whatif.calibrate import calibrate
 
-    d = calibrate(2, "gloo", sizes=[65536, 4 << 20], repeats=3)
+    d = calibrate(2, "gloo", sizes=[65536, 4 << 20], repeats=3, tries=1)
     assert all(r["overlapped_us"] > 0 and r["compute_done_us"] >= 0 for r in d["samples"])
     ar = d["allreduce"]
     assert 0 < ar["overlap_compute_rate"] <= 1.5
     (tmp_path / "p.json").write_text(json.dumps(d))
     o = load_platform(tmp_path / "p.json").allreduce_overlap
     assert o == OverlapCost(Transfer(ar["overlap_alpha_us"], ar["overlap_beta_us_per_byte"]), ar["overlap_compute_rate"])
+
+
+def test_cli_calibrate_bad_tries(tmp_path):
+    """--tries 0: one line, exit 2, nothing written."""
+    from click.testing import CliRunner
+
+    from dpro.cli import cli
+
+    r = CliRunner().invoke(cli, ["calibrate", "--tries", "0", "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 2 and "--tries 0: at least 1" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "p.json").exists()

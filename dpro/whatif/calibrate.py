@@ -3,7 +3,8 @@
 N processes (default 2) on this machine join a ``torch.distributed`` group (gloo by
 default), all-reduce float32 tensors of sizes from 4 KiB to 64 MiB (a few warm-up calls,
 then ``repeats`` timed ones each, every rank entering together after a barrier) and rank 0
-keeps the median time per size. ``t = 2(N-1) * (alpha + beta * B/N)`` is fitted by least
+keeps the median time per size; all of it ``tries`` times in fresh processes, the median
+over the tries kept. ``t = 2(N-1) * (alpha + beta * B/N)`` is fitted by least
 absolute deviations with alpha, beta >= 0 (:func:`dpro.graph.comm_model.lad_link_cost`).
 
 The same calls' CPU time (the rank's process, all threads, user + system: the library's
@@ -124,17 +125,33 @@ def process_cpu_us() -> float:
 
 
 
-def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None = None, repeats: int = 10) -> dict:
-    """Measure and fit; returns the platform file's content (:mod:`dpro.whatif.platform`)."""
+def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None = None, repeats: int = 10,
+              tries: int = 3, tick: Callable[[str], None] | None = None) -> dict:
+    """Measure and fit; returns the platform file's content (:mod:`dpro.whatif.platform`).
+
+    ``tries`` times in fresh processes (``tick`` after each): a try catches one of the
+    machine's regimes (on the 2-core VM a 64 MiB all-reduce took 42 ms in some and 67 ms in
+    others), so every size keeps the median over the tries of each time."""
     import torch.multiprocessing as mp
 
     if processes < 2:
         raise ValueError("calibrate needs at least 2 processes")
+    if tries < 1:
+        raise ValueError("calibrate needs at least 1 try")
     sizes = sizes or DEFAULT_SIZES
-    with tempfile.TemporaryDirectory(prefix="dpro-calibrate-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, out), nprocs=processes, join=True)
-        rows = json.loads(Path(out).read_text())
+    runs = []
+    for i in range(tries):
+        with tempfile.TemporaryDirectory(prefix="dpro-calibrate-") as tmp:
+            out = os.path.join(tmp, "rows.json")
+            mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, out), nprocs=processes,
+                     join=True)
+            runs.append(json.loads(Path(out).read_text()))
+        if tick is not None:
+            tick(f"try {i + 1} of {tries}")
+    rows = [{"bytes": same[0]["bytes"], **{k: statistics.median(r[k] for r in same)
+                                           for k in ("us", "cpu_us", "overlapped_us")},
+             **{k: sum(r[k] for r in same) for k in ("overlapped_total_us", "compute_done_us")}}
+            for same in zip(*runs)]
     k = ring_steps(processes)
     A = np.array([[k, k * r["bytes"] / processes] for r in rows], dtype=float)
     lc = lad_link_cost(A, np.array([r["us"] for r in rows], dtype=float))
@@ -147,4 +164,4 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
                           "overlap_alpha_us": over.alpha, "overlap_beta_us_per_byte": over.beta,
                           "overlap_compute_rate": min(1.5, max(rate, 1e-3)),
                           "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N), CPU per rank alike"},
-            "samples": rows}
+            "samples": rows, "tries": runs}
