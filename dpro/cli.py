@@ -708,7 +708,10 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
               help="Platform file to write (docs/whatif.md).")
 @click.option("--processes", "-n", default=2, show_default=True, help="Local processes in the group.")
 @click.option("--backend", default="gloo", show_default=True,
-              help="torch.distributed backend, or ps-lite (MXNet's parameter server).")
+              help="torch.distributed backend, horovod (Horovod's own all-reduce over gloo, run by horovodrun: "
+                   "its background thread and fusion buffer included), or ps-lite (MXNet's parameter server).")
+@click.option("--pin", is_flag=True,
+              help="--backend horovod: bind each rank to core rank %% cores, as jobs pinned that way run.")
 @click.option("--repeats", default=10, show_default=True, help="Timed all-reduces per size (ps-lite: the least push/pull rounds per size).")
 @click.option("--tries", default=3, show_default=True,
               help="All-reduce: measure this many times in fresh processes and keep each size's median (one try "
@@ -741,7 +744,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("--idle-us", default=8000.0, show_default=True,
               help="--oracle: idle time before every timed call (µs), so that a token bucket refills as during compute.")
 def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_json: bool, oracle: bool,
-                  nprocs: str, topology: str, rounds: int, idle_us: float, tries: int = 3, python: str | None = None,
+                  nprocs: str, topology: str, rounds: int, idle_us: float, tries: int = 3, pin: bool = False,
+                  python: str | None = None,
                   port_workers: str | None = None, port_trace: Path | None = None,
                   port_momentum: float = 0.0) -> None:
     """Measure this machine's all-reduce (or ps-lite) cost for `dpro whatif --platform`.
@@ -778,12 +782,19 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
         raise DproInputError(None, f"--repeats {repeats}: at least 1")
     if tries < 1:
         raise DproInputError(None, f"--tries {tries}: at least 1")
+    if pin and backend != "horovod":
+        raise DproInputError(None, "--pin: only with --backend horovod")
     from dpro.jsonio import write_json
     from dpro.progress import progress_bar
     from dpro.whatif.calibrate import calibrate
 
     with progress_bar(tries, "calibrating the all-reduce") as tick:
-        d = calibrate(processes, backend, repeats=repeats, tries=tries, tick=tick)
+        if backend == "horovod":
+            from dpro.whatif.calibrate_hvd import calibrate_horovod
+
+            d = calibrate_horovod(processes, repeats=repeats, tries=tries, pin=pin, tick=tick)
+        else:
+            d = calibrate(processes, backend, repeats=repeats, tries=tries, tick=tick)
     write_json(output, d)
     if as_json:
         print_json(d)

@@ -5,8 +5,9 @@ For each profile size P (default 1 and 2 workers) the job is profiled at P ranks
 ``--framework horovod`` ``examples/pytorch/hvd_recorder.py`` under ``dpro profile`` and
 horovodrun; ``dpro whatif TRACE --workers 2,3,4 --json`` predicts each target scale (a
 1-worker profile has no collective to fit: it gets ``--platform`` from ``dpro calibrate``,
-run once here; every prediction gets ``--host-cores`` and the platform's CPU cost of the
-collectives, ``--cpu-cost``); then every target is run UNPROFILED and timed by the
+run once here, for Horovod ``dpro calibrate --backend horovod --pin``, Horovod's own
+all-reduce, unless ``--torch-calibration``; every prediction gets ``--host-cores`` and the
+torch calibration's CPU cost of the collectives, ``--cpu-cost``); then every target is run UNPROFILED and timed by the
 training script itself (``--timing-out``: ``time.perf_counter()``, mean over the ranks,
 median over the timed steps of ``--truth-runs`` runs, half before and half after the
 profiles) -- the harness trusts nothing dpro says about the measured side.
@@ -195,6 +196,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/dpro-whatif"))
     ap.add_argument("--port", type=int, default=29900)
     ap.add_argument("--reuse", action="store_true", help="keep the measurements and profiles already in OUT")
+    ap.add_argument("--torch-calibration", action="store_true",
+                    help="--framework horovod: calibrate torch.distributed's gloo all-reduce, not Horovod's")
     ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
                     help="passed to dpro whatif: the ranks share this host's cores (default: all of them)")
     o = ap.parse_args()
@@ -204,6 +207,14 @@ def main() -> None:
     plat = o.out / "platform.json"
     if not plat.exists():
         dpro("calibrate", "-o", str(plat))
+    link = plat  # the 1-worker profile's --platform
+    if o.framework == "horovod" and not o.torch_calibration:
+        # Horovod's own all-reduce (its cycle, negotiation and fusion buffer; with computation beside it),
+        # pinned as its jobs run; the CPU cost stays torch's (Horovod's calls poll: CPU = wall)
+        link = o.out / "platform-horovod.json"
+        if not link.exists():
+            pin = ["--pin"] if jobenv.default_for("hvd").pin else []
+            dpro("calibrate", "--backend", "horovod", *pin, "-o", str(link))
     net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
     common = ["--host-cores", str(o.host_cores)]
@@ -232,7 +243,7 @@ def main() -> None:
                 port += 1
                 tdir = sub / (f"profile{p}" if o.profile_runs == 1 else f"profile{p}_{i}")
                 profile(p, o, port, fid, tdir, o.cap_mbit)
-                extra = ["--platform", str(plat)] if p == 1 else []
+                extra = ["--platform", str(link)] if p == 1 else []
                 if p == 1 and o.cap_mbit is not None:
                     extra += ["--bandwidth", f"{o.cap_mbit:g}Mbit"]
                 preds[p].append(dpro("whatif", str(tdir), "--workers", o.targets, "--json", *extra, *common))

@@ -148,6 +148,13 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
             runs.append(json.loads(Path(out).read_text()))
         if tick is not None:
             tick(f"try {i + 1} of {tries}")
+    return fit_platform(runs, processes, backend)
+
+
+def fit_platform(runs: list[list[dict]], processes: int, backend: str, cpu_cost: bool = True) -> dict:
+    """The platform file of ``runs`` (a calibration's tries, each its rows by size): every
+    size's median over the tries, then the fits (alone, CPU, overlapped, the computation's
+    rate); ``cpu_cost=False``: no CPU fit (the samples keep the CPU measured)."""
     rows = [{"bytes": same[0]["bytes"], **{k: statistics.median(r[k] for r in same)
                                            for k in ("us", "cpu_us", "overlapped_us")},
              **{k: sum(r[k] for r in same) for k in ("overlapped_total_us", "compute_done_us")}}
@@ -158,10 +165,12 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
     cpu = lad_link_cost(A, np.array([r["cpu_us"] for r in rows], dtype=float))
     over = lad_link_cost(A, np.array([r["overlapped_us"] for r in rows], dtype=float))
     rate = sum(r["compute_done_us"] for r in rows) / max(sum(r["overlapped_total_us"] for r in rows), 1e-9)
+    ar = {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "fit_error": lc.fit_error,
+          "cpu_alpha_us": cpu.alpha, "cpu_beta_us_per_byte": cpu.beta,
+          "overlap_alpha_us": over.alpha, "overlap_beta_us_per_byte": over.beta,
+          "overlap_compute_rate": min(1.5, max(rate, 1e-3)),
+          "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N), CPU per rank alike"}
+    if not cpu_cost:
+        del ar["cpu_alpha_us"], ar["cpu_beta_us_per_byte"]
     return {"format": FORMAT, "version": 1, "backend": backend, "processes": processes, "host": socket.gethostname(),
-            "allreduce": {"alpha_us": lc.alpha, "beta_us_per_byte": lc.beta, "fit_error": lc.fit_error,
-                          "cpu_alpha_us": cpu.alpha, "cpu_beta_us_per_byte": cpu.beta,
-                          "overlap_alpha_us": over.alpha, "overlap_beta_us_per_byte": over.beta,
-                          "overlap_compute_rate": min(1.5, max(rate, 1e-3)),
-                          "model": "per ring step: t = 2(N-1) * (alpha + beta * bytes/N), CPU per rank alike"},
-            "samples": rows, "tries": runs}
+            "allreduce": ar, "samples": rows, "tries": runs}
