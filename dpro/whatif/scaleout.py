@@ -277,22 +277,9 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
         res.notes.append(f"Horovod: ring cost fitted on the {spans.samples} fused executions' whole spans "
                          f"(alpha {spans.transfer.alpha:.1f} us, beta {spans.transfer.beta * 1e3:.2f} ns/B), "
                          "each collective's gap keeps only the excess beyond it")
-    if kind == "allreduce" and c0.host_cores and platform is not None and platform.allreduce_overlap is not None \
-            and src == f"platform {platform.source}":
-        # the platform's collectives, as calibrated, were timed alone: the overlap is the model's, not
-        # the profile's (a --bandwidth or --latency given: the wire paces them, the calibration's overlap
-        # on its link does not apply)
-        law = platform.allreduce_overlap
+    law = _overlap_law(platform, src, c0, reps, res.notes) if kind == "allreduce" else None
+    if law is not None:
         cluster_points = [c if c.overlap is not None else replace(c, overlap=law) for c in cluster_points]
-        res.notes.append(f"collectives and computation slow each other while both run (platform): computation "
-                         f"at x{law.compute_rate:.2f}, collectives at alpha {law.transfer.alpha:.1f} us, "
-                         f"beta {law.transfer.beta * 1e3:.2f} ns/B a ring step")
-        for g in reps if len(reps) > 1 else []:  # one rank's collectives take no time
-            if any(not op.attrs.get("synthesized") for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE")):
-                us = deflate_overlap(g, law.compute_rate)
-                if us > 0:
-                    res.notes.append(f"the profile's computation beside its collectives: {us / 1e3:.2f} ms "
-                                     "back to its time alone")
     per_rep = [transfer] * len(reps)
     if kind == "allreduce" and not c0.asynchronous:
         c_ = cluster_points[0]
@@ -332,6 +319,28 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
         one = _allreduce_point if kind == "allreduce" else (lambda g, c, t: _ps_point(job, g, c, t))
         res.points.append(max((one(g.copy(), c, t) for g, t in zip(reps, per_rep)), key=lambda p: p.iteration_us))
     return res
+
+
+def _overlap_law(platform: Platform | None, src: str, c0: Cluster, reps: list[WhatIfGraph],
+                 notes: list[str]) -> OverlapCost | None:
+    """The platform's overlap law, where it applies: with ``host_cores`` and the platform's
+    all-reduce cost as calibrated (timed alone, so the overlap is the model's, not the
+    profile's; a ``--bandwidth`` or ``--latency`` given: the wire paces the collectives, the
+    calibration's overlap on its own link does not apply). A profile of several ranks whose
+    computation ran beside its own collectives gets its time alone back first."""
+    if not c0.host_cores or platform is None or platform.allreduce_overlap is None \
+            or src != f"platform {platform.source}":
+        return None
+    law = platform.allreduce_overlap
+    notes.append(f"collectives and computation slow each other while both run (platform): computation "
+                 f"at x{law.compute_rate:.2f}, collectives at alpha {law.transfer.alpha:.1f} us, "
+                 f"beta {law.transfer.beta * 1e3:.2f} ns/B a ring step")
+    for g in reps if len(reps) > 1 else []:  # one rank's collectives take no time
+        if any(not op.attrs.get("synthesized") for op in g.select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE")):
+            us = deflate_overlap(g, law.compute_rate)
+            if us > 0:
+                notes.append(f"the profile's computation beside its collectives: {us / 1e3:.2f} ms back to its time alone")
+    return law
 
 
 # -- all-reduce -------------------------------------------------------------------------------
