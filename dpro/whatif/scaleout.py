@@ -290,8 +290,9 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
                                  f"its computation / {k:.3f} before scaling out")
             f = deflate_contended(g, c_, len(reps), measured)
             if f > 1.0:
-                res.notes.append(f"the profile's workers saturated the {c_.host_cores} cores: "
-                                 f"its times / {f:.3f} before scaling out")
+                if f >= 1.0005:  # what shows at 3 decimals
+                    res.notes.append(f"the profile's workers saturated the {c_.host_cores} cores: "
+                                     f"its times / {f:.3f} before scaling out")
                 if src.startswith("fitted on the trace"):  # the collectives were measured as slowly
                     per_rep[i] = Transfer(transfer.alpha / f, transfer.beta / f)
     if kind == "ps" and not c0.asynchronous:
