@@ -50,7 +50,7 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int],
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world)
-    unit, unit_us = _compute_unit(torch)
+    unit, unit_us = compute_unit(torch)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
@@ -69,15 +69,23 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int],
             us, units = _overlapped(dist, x, unit)
             over.append(us)
             work.append(units * unit_us)
-        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts), "cpu_us": statistics.median(cpu),
-                     "overlapped_us": statistics.median(over), "overlapped_total_us": sum(over),
-                     "compute_done_us": sum(work)})
+        rows.append(size_row(int(x.numel() * 4), ts, cpu, over, work))
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
 
 
-def _compute_unit(torch) -> tuple[Callable[[], None], float]:
+def size_row(nbytes: int, alone_us: list[float], cpu_us: list[float], overlapped_us: list[float],
+             work_us: list[float]) -> dict:
+    """One size's row of the samples: the medians of its calls alone (time, CPU) and
+    overlapped, and the totals the computation's rate is taken from (time overlapped, work
+    done meanwhile in µs of it alone)."""
+    return {"bytes": nbytes, "us": statistics.median(alone_us), "cpu_us": statistics.median(cpu_us),
+            "overlapped_us": statistics.median(overlapped_us), "overlapped_total_us": sum(overlapped_us),
+            "compute_done_us": sum(work_us)}
+
+
+def compute_unit(torch) -> tuple[Callable[[], None], float]:
     """A unit of computation like a backward's (an MLP layer's weight gradient at batch 32,
     about 1 ms on one core) and its time alone (µs)."""
     a, b, w = torch.randn(1024, 32), torch.randn(32, 1024), torch.empty(1024, 1024)

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dpro.errors import DproInputError
-from dpro.whatif.calibrate import DEFAULT_SIZES, _compute_unit, fit_platform, process_cpu_us
+from dpro.whatif.calibrate import DEFAULT_SIZES, compute_unit, fit_platform, process_cpu_us, size_row
 
 
 def horovodrun() -> str | None:
@@ -82,7 +81,7 @@ def _rank(out: str, sizes: list[int], repeats: int, pin: bool) -> None:
 
     torch.set_num_threads(1)
     hvd.init()
-    unit, unit_us = _compute_unit(torch)
+    unit, unit_us = compute_unit(torch)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
@@ -108,9 +107,7 @@ def _rank(out: str, sizes: list[int], repeats: int, pin: bool) -> None:
             over.append((time.perf_counter() - t0) * 1e6)
             hvd.synchronize(h)
             work.append(done * unit_us)
-        rows.append({"bytes": int(x.numel() * 4), "us": statistics.median(ts), "cpu_us": statistics.median(cpu),
-                     "overlapped_us": statistics.median(over), "overlapped_total_us": sum(over),
-                     "compute_done_us": sum(work)})
+        rows.append(size_row(int(x.numel() * 4), ts, cpu, over, work))
     if hvd.rank() == 0:
         Path(out).write_text(json.dumps(rows))
     hvd.shutdown()
