@@ -583,7 +583,9 @@ def oracle(path: Path, devices: str, memory: str | None, platform: Path | None, 
               help="The bandwidth the profile ran at: --bandwidth then swaps only the wire's share of beta.")
 @click.option("--latency", default=None, metavar="TIME", help="Per-message overhead, e.g. 5us, 0.2ms.")
 @click.option("--platform", "platform_file", type=click.Path(path_type=Path), default=None,
-              help="alpha/beta measured by `dpro calibrate` (needed when the profile has no collectives to fit).")
+              help="alpha/beta measured by `dpro calibrate` (needed when the profile has no collectives to fit); "
+                   "with --host-cores, its overlap keys let a rank's computation and its collectives slow each "
+                   "other while both run.")
 @click.option("--algorithm", type=click.Choice(["ring", "tree"]), default="ring", show_default=True,
               help="All-reduce algorithm of the scale-out model.")
 @click.option("--async", "asynchronous", is_flag=True, help="Asynchronous SGD (PS): throughput by discrete-event simulation.")
