@@ -36,3 +36,19 @@ def test_cli_pin_needs_horovod(tmp_path):
 
     r = CliRunner().invoke(cli, ["calibrate", "--pin", "-o", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and "--pin: only with --backend horovod" in r.output and "Traceback" not in r.output
+
+
+def test_calibrate_horovod_timeout_is_one_line(monkeypatch):
+    """A launcher that hangs: one clear error, not a traceback or a hang."""
+    import subprocess
+
+    from dpro.errors import DproInputError
+    from dpro.whatif import calibrate_hvd
+
+    def hang(*a, **k):
+        raise subprocess.TimeoutExpired(a[0], k.get("timeout"))
+
+    monkeypatch.setattr(calibrate_hvd, "horovodrun", lambda: "horovodrun")
+    monkeypatch.setattr(calibrate_hvd.subprocess, "run", hang)
+    with pytest.raises(DproInputError, match="did not finish in 5 s"):
+        calibrate_hvd.calibrate_horovod(2, sizes=[4096], repeats=1, tries=1, timeout_s=5)

@@ -58,7 +58,10 @@ def calibrate_horovod(processes: int = 2, sizes: list[int] | None = None, repeat
                    "dpro.whatif.calibrate_hvd", "--out", str(out), "--sizes", ",".join(map(str, sizes)),
                    "--repeats", str(repeats), *(["--pin"] if pin else [])]
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise DproInputError(None, f"--backend horovod: horovodrun did not finish in {timeout_s:g} s") from None
             if p.returncode != 0 or not out.exists():
                 last = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise DproInputError(None, f"--backend horovod: horovodrun failed (exit {p.returncode}): {last[0][:200]}")
