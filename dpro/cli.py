@@ -709,7 +709,8 @@ def whatif_cmd(path: Path | None, workers: str | None, servers: int | None, band
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("platform.json"), show_default=True,
               help="Platform file to write (docs/whatif.md).")
 @click.option("--processes", "-n", default=2, show_default=True, help="Local processes in the group.")
-@click.option("--backend", default="gloo", show_default=True,
+@click.option("--backend", type=click.Choice(["gloo", "nccl", "mpi", "ucc", "horovod", "ps-lite"]), default="gloo",
+              show_default=True,
               help="torch.distributed backend, horovod (Horovod's own all-reduce over gloo, run by horovodrun: "
                    "its background thread and fusion buffer included), or ps-lite (MXNet's parameter server).")
 @click.option("--pin", is_flag=True,

@@ -151,3 +151,22 @@ def test_cli_calibrate_bad_tries(tmp_path):
     r = CliRunner().invoke(cli, ["calibrate", "--tries", "0", "-o", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and "--tries 0: at least 1" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_cli_calibrate_backend_errors(tmp_path):
+    """An unknown backend is a usage error; a backend this torch lacks (NCCL on the CPU build)
+    fails in its ranks: one line naming it, exit 2, no file written."""
+    from click.testing import CliRunner
+
+    from dpro.cli import cli
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(cli, ["calibrate", "--backend", "foo", "-o", str(out)])
+    assert r.exit_code == 2 and "'foo' is not one of" in r.output
+    import torch.distributed as dist
+
+    if dist.is_nccl_available():
+        return
+    r = CliRunner().invoke(cli, ["calibrate", "--backend", "nccl", "--tries", "1", "-o", str(out)])
+    assert r.exit_code == 2 and "--backend nccl: a calibration rank failed" in r.output
+    assert "Traceback" not in r.output and not out.exists()

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpro.errors import DproInputError
 from dpro.graph.comm_model import lad_link_cost, ring_steps
 from dpro.ports import free_port
 from dpro.whatif.platform import FORMAT
@@ -151,8 +152,12 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
     for i in range(tries):
         with tempfile.TemporaryDirectory(prefix="dpro-calibrate-") as tmp:
             out = os.path.join(tmp, "rows.json")
-            mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, out), nprocs=processes,
-                     join=True)
+            try:
+                mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, out), nprocs=processes,
+                         join=True)
+            except Exception as e:  # a rank's failure (the backend missing here, ...): one line, not its traceback
+                last = str(e).strip().splitlines()[-1:] or [type(e).__name__]
+                raise DproInputError(None, f"--backend {backend}: a calibration rank failed: {last[0][:200]}") from None
             runs.append(json.loads(Path(out).read_text()))
         if tick is not None:
             tick(f"try {i + 1} of {tries}")
