@@ -21,6 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from dpro.graph.intervals import intersection_length, merge
+
 if TYPE_CHECKING:
     from dpro.whatif.graph import Op, WhatIfGraph
 
@@ -69,16 +73,17 @@ def deflate_overlap(g: WhatIfGraph, compute_rate: float) -> float:
     r = g.simulate()
     at = {i: k for k, i in enumerate(r.ids)}
     start, end = r.schedule.start, r.schedule.end
-    spans: dict[str, list[tuple[float, float]]] = {}
+    by_node: dict[str, list[int]] = {}
     for op in g.ops.values():
         if op.attrs.get("sub_op") == "ALLREDUCE":
-            spans.setdefault(op.node, []).append((float(start[at[op.id]]), float(end[at[op.id]])))
+            by_node.setdefault(op.node, []).append(at[op.id])
+    spans = {n: merge(start[ks], end[ks]) for n, ks in by_node.items()}
     removed = 0.0
     for op in g.ops.values():
         if not _computing(op) or op.node not in spans:
             continue
         s, e = float(start[at[op.id]]), float(end[at[op.id]])
-        ov = _covered(s, e, spans[op.node])
+        ov = intersection_length((np.array([s]), np.array([e])), spans[op.node])
         if ov <= 0 or e <= s:
             continue
         f = ((e - s) - ov * (1.0 - compute_rate)) / (e - s)
@@ -86,14 +91,3 @@ def deflate_overlap(g: WhatIfGraph, compute_rate: float) -> float:
         op.dur *= f
         op.gap *= f
     return removed
-
-
-def _covered(s: float, e: float, spans: list[tuple[float, float]]) -> float:
-    """How much of [s, e] the union of ``spans`` covers."""
-    out, reach = 0.0, s
-    for a, b in sorted(spans):
-        a, b = max(a, reach), min(b, e)
-        if b > a:
-            out += b - a
-            reach = b
-    return out
