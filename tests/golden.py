@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass
@@ -132,9 +131,10 @@ def _prepare(case: Case, work: Path) -> Path:
 
         return write_synthetic_job(work / "synthetic")
     if case.kind == "byteps":
-        spec = importlib.util.spec_from_file_location("make_traces", REPO / "tests" / "data" / "byteps" / "make_traces.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        sys.path.insert(0, str(REPO / "tests"))
+        from scriptmod import load_script
+
+        mod = load_script("make_traces", "tests/data/byteps/make_traces.py")
         mod.generate(work / "byteps_raw", machines=2, gpus=2, servers=2, steps=4, start_step=3, seed=0)
         code, out, err = _cli("import", "byteps", work / "byteps_raw", "-o", work / "byteps")
         assert code == 0, err

@@ -3,7 +3,6 @@ the calibration file the mixed-precision what-if reads (hand-computed where it i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,15 +12,13 @@ import pytest
 
 from dpro.whatif.builtin import mixed_precision
 from dpro.whatif.graph import Op, WhatIfGraph
+from scriptmod import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cal():
-    spec = importlib.util.spec_from_file_location("amp_calibration", REPO / "benchmarks" / "amp_calibration.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("amp_calibration", "benchmarks/amp_calibration.py")
 
 
 def test_paired_ratio_is_the_median_of_per_repeat_ratios_of_sums():

@@ -9,7 +9,6 @@ real GPU traces look like the model; see docs/byteps.md, "Unvalidated".
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -23,10 +22,9 @@ from dpro.gtrace.io import load_gtrace, write_gtrace
 from dpro.gtrace.validate import validate
 from dpro.importers.byteps import import_byteps
 from dpro.replayer.replay import replay
+from scriptmod import load_script
 
-_spec = importlib.util.spec_from_file_location("make_traces", Path(__file__).parent / "data" / "byteps" / "make_traces.py")
-make_traces = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_traces)  # type: ignore[union-attr]
+make_traces = load_script("make_traces", "tests/data/byteps/make_traces.py")
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ the reason, where the core was not built: a machine without a C compiler).
 from __future__ import annotations
 
 import heapq
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from dpro.graph.builder import GraphBuilder
 from dpro.replayer.critical_path import critical_path, critical_path_indices
 from dpro.replayer import engine
 from dpro.replayer.engine import Schedule, simulate
+from scriptmod import load_script
 
 needs_core = pytest.mark.skipif(not engine.compiled_available(), reason=f"compiled replay core {engine._core()}")
 #: every engine, run directly (whatever DPRO_ENGINE says)
@@ -569,11 +568,7 @@ def test_compiled_core_rejects_bad_arrays():
 
 
 def _bench():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "replay_speed.py"
-    spec = importlib.util.spec_from_file_location("replay_speed", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("replay_speed", "benchmarks/replay_speed.py")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from dpro.job import open_job
+from scriptmod import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "examples" / "traces" / "ddp_gloo_2rank_mlp"
 
 
 def _gen():
-    spec = importlib.util.spec_from_file_location("gen_big_trace", REPO / "benchmarks" / "gen_big_trace.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gen_big_trace", "benchmarks/gen_big_trace.py")
 
 
 def test_repeated_steps_replay_like_the_source(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 from conftest import snapshot
 from fuzz.fuzzlib import deadline
 from input_checks import edit, one_line_error
+from scriptmod import load_script
 
 MANIFEST = "manifest.json"
 
@@ -76,11 +77,7 @@ def test_numbers_beyond_64_bits(mutate, cmd: str, kineto_dir: Path, tmp_path: Pa
 
 def test_byteps_absurd_partition_count(tmp_path: Path, run_cli) -> None:
     """Class 4: "partitioned to 10^26 parts" in a BytePS log: OverflowError/MemoryError."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_traces", Path(__file__).parent / "data" / "byteps" / "make_traces.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod = load_script("make_traces", "tests/data/byteps/make_traces.py")
     raw = tmp_path / "raw"
     mod.generate(raw, machines=1, gpus=2, servers=1, steps=2, start_step=1, seed=0)
     log = next(raw.rglob("*.log"))

@@ -3,13 +3,12 @@ finds what it is for: an import up the layers, between two packages of one layer
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from scriptmod import load_script
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("check_layers", REPO / "scripts" / "check_layers.py")
-check_layers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_layers)  # type: ignore[union-attr]
+check_layers = load_script("check_layers", "scripts/check_layers.py")
 
 
 def test_dpro_keeps_its_layers() -> None:

@@ -4,7 +4,6 @@ facts on real torch optimizers, and one real 2-rank DDP job against an independe
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from dpro.errors import DproInputError
 from dpro.gtrace.schema import Event, GTrace, Manifest, NodeInfo, NodeTrace, Op
 from dpro.importers.recording.allocations import attach_allocations
 from dpro.replayer.memory import OpMemory, live_timeline, peak_memory
+from scriptmod import load_script
 
 REPO = Path(__file__).absolute().parents[1]
 T0 = 1_000_000.0
@@ -227,10 +227,7 @@ def test_memory_watch_static_tensors(kind):
 
 # --------------------------------------------------------------------------- real job
 def _bench():
-    spec = importlib.util.spec_from_file_location("memory_fidelity", REPO / "benchmarks" / "memory_fidelity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("memory_fidelity", "benchmarks/memory_fidelity.py")
 
 
 def test_truth_rebuilds_live_bytes_by_address(tmp_path):

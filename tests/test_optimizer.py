@@ -28,6 +28,7 @@ from dpro.optimizer.passes.registry import default_registry, passes_in_module
 from dpro.optimizer.passes.tensor_fusion import TensorFusion
 from dpro.optimizer.passes.tensor_partition import TensorPartition, best_partition
 from dpro.replayer.replay import replay
+from scriptmod import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "examples" / "traces" / "ddp_gloo_2rank_mlp"
@@ -400,15 +401,9 @@ def test_parameter_server_traces_are_refused_clearly(tmp_path):
 
 def test_symmetry_all_workers_replay_the_same():
     """The one-worker graph (symmetry) and the graph with every worker give the same time."""
-    import importlib.util
-
     from dpro.replayer.engine import simulate
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "search_speed.py"
-    spec = importlib.util.spec_from_file_location("search_speed", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    build_all_workers = bench.build_all_workers
+    build_all_workers = load_script("search_speed", "benchmarks/search_speed.py").build_all_workers
 
     for world in (2, 4, 16):
         m = two_grads(alpha=5, b2_dur=1)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
+from scriptmod import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _run_module():
-    spec = importlib.util.spec_from_file_location("whatif_run", REPO / "benchmarks" / "whatif" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("whatif_run", "benchmarks/whatif/run.py")
 
 
 def test_median_row_takes_the_median_profile() -> None:

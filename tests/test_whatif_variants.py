@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,15 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from scriptmod import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _variants():
-    spec = importlib.util.spec_from_file_location("whatif_variants", REPO / "benchmarks" / "whatif" / "variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("whatif_variants", "benchmarks/whatif/variants.py")
 
 
 def test_round_order_alternates():
