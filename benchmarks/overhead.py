@@ -23,6 +23,10 @@ the mean over the ranks.
 * pooled, per phase (warm-up, window, after): the median step over all on-runs ÷ the same
   over all off-runs − 1: a difference that starts before the window is the launch's, not
   the recording's;
+* own pace: each run's window (median step) over its own calls after the window, on-run
+  against its round's off-run: a run's overall pace, which on this VM can be 20-30 % slower
+  for a whole run on either side, cancels; what dpro leaves behind after the window does not
+  (it lowers this figure), so it is read beside the in-window one, not instead of it;
 * last window call: that call minus the median of the window's other calls (stopping the
   profiler, and writing the trace unless deferred), read within one run;
 * noise floor: each off-run against the next one, the same figures, median of their sizes:
@@ -227,15 +231,25 @@ def last_call_extra_us(job: Job, steps: list[float]) -> float:
     return steps[w + s - 1] - statistics.median(steps[w:w + s - 1])
 
 
+def own_pace(job: Job, steps: list[float]) -> float:
+    """The window's median step over the same run's median step after the window: the run's
+    overall pace taken out (on the 2-core VM a run can settle 20-30 % slower from its warm-up
+    to its last call, whether dpro records it or not)."""
+    w, s, _ = WINDOW[job.path]
+    return window_median(job, steps) / statistics.median(steps[w + s:])
+
+
 def _pct(on: float, off: float) -> float:
     return 100.0 * (on / off - 1.0)
 
 
-def _paired(job: Job, ons: list[Run], offs: list[Run]) -> tuple[list[float], list[float]]:
-    """In-window and whole-run overhead of each on-run against the off-run of the same round."""
+def _paired(job: Job, ons: list[Run], offs: list[Run]) -> tuple[list[float], list[float], list[float]]:
+    """In-window, whole-run and own-pace (:func:`own_pace`) overhead of each on-run against
+    the off-run of the same round."""
     win = [_pct(window_median(job, a.steps_us), window_median(job, b.steps_us)) for a, b in zip(ons, offs)]
     whole = [_pct(sum(a.steps_us), sum(b.steps_us)) for a, b in zip(ons, offs)]
-    return win, whole
+    pace = [_pct(own_pace(job, a.steps_us), own_pace(job, b.steps_us)) for a, b in zip(ons, offs)]
+    return win, whole, pace
 
 
 def phase_medians(job: Job, runs: list[Run]) -> dict[str, float]:
@@ -266,12 +280,13 @@ def figures(job: Job, runs: list[Run]) -> dict:
     out["off_window_ms"] = statistics.median(window_median(job, r.steps_us) for r in offs) / 1e3
     out["off_run_s"] = statistics.median(sum(r.steps_us) for r in offs) / 1e6
     if len(offs) >= 2:  # off vs off: each off-run against the next
-        w, a = _paired(job, offs[1:], offs[:-1])
+        w, a, p = _paired(job, offs[1:], offs[:-1])
         out["noise_window_pct"] = statistics.median(abs(x) for x in w)
         out["noise_run_pct"] = statistics.median(abs(x) for x in a)
+        out["noise_pace_pct"] = statistics.median(abs(x) for x in p)
     for v in [k for k in rounds[0] if k != "off"]:
         ons = [rd[v] for rd in rounds if v in rd]
-        win, whole = _paired(job, ons, [rd["off"] for rd in rounds if v in rd])
+        win, whole, pace = _paired(job, ons, [rd["off"] for rd in rounds if v in rd])
         pon, poff = phase_medians(job, ons), phase_medians(job, offs)
         out["variants"][v] = {
             "pooled_pct": {k: _pct(pon[k], poff[k]) for k in pon},
@@ -279,6 +294,7 @@ def figures(job: Job, runs: list[Run]) -> dict:
             "last_call_extra_ms": statistics.median(last_call_extra_us(job, r.steps_us) for r in ons) / 1e3,
             "window_pct": statistics.median(win), "window_min_pct": min(win), "window_max_pct": max(win),
             "run_pct": statistics.median(whole), "run_min_pct": min(whole), "run_max_pct": max(whole),
+            "pace_pct": statistics.median(pace), "pace_min_pct": min(pace), "pace_max_pct": max(pace),
         }
     return out
 
@@ -292,6 +308,10 @@ def print_row(row: dict) -> None:
         print(f"    {v:<10} k={f['k']}  in-window {f['window_pct']:+6.1f}% ({f['window_min_pct']:+.1f}..{f['window_max_pct']:+.1f})"
               f"   whole-run {f['run_pct']:+6.1f}% ({f['run_min_pct']:+.1f}..{f['run_max_pct']:+.1f})"
               f"   last window call +{f['last_call_extra_ms']:.0f} ms", flush=True)
+        if "pace_pct" in f:
+            print(f"               own pace (window / the same run's calls after it, on vs off) {f['pace_pct']:+.1f}% "
+                  f"({f['pace_min_pct']:+.1f}..{f['pace_max_pct']:+.1f}), noise "
+                  f"{row.get('noise_pace_pct', float('nan')):.1f}%", flush=True)
         if "pooled_pct" in f:
             print("               pooled steps " + ", ".join(f"{k} {x:+.1f}%" for k, x in f["pooled_pct"].items()),
                   flush=True)

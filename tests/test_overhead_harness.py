@@ -38,3 +38,14 @@ def test_pooled_phases_tell_a_launch_difference_from_the_window():
     assert pooled["warmup"] == pytest.approx(0.0)
     assert pooled["window"] == pytest.approx(0.0)
     assert pooled["after"] == pytest.approx(-10.0)
+
+
+def test_own_pace_cancels_a_run_slow_from_start_to_end():
+    # round 0: the on-run is 30 % slower all through (its pace) and its window costs 2 % more
+    # than its own calls after it; round 1: both at the same pace, the window 2 % again
+    steps_slow = [130.0] * 5 + [130.0 * 1.02] * 5 + [130.0] * 10
+    runs = [overhead.Run("default", True, steps_slow), run("off", 100), run("off", 100), run("default", 100, 1.02)]
+    v = overhead.figures(JOB, runs)["variants"]["default"]
+    assert v["window_pct"] == pytest.approx((32.6 + 2.0) / 2)  # in-window: +32.6 % and +2 %
+    assert v["pace_pct"] == pytest.approx(2.0)
+    assert v["pace_min_pct"] == pytest.approx(2.0) and v["pace_max_pct"] == pytest.approx(2.0)
