@@ -197,6 +197,9 @@ def timing_record(args: argparse.Namespace, rank: int, world: int, starts: list[
         # Index range [start, end) into step_us of the steps captured in the trace.
         "active_steps": [0, args.active] if profiled else None,
         "step_us": step_us,
+        # wall clock (time.time(), s) when the first timed step started: lines the steps up with
+        # other records of the machine (benchmarks/machine_drift.py)
+        "first_step_unix_s": time.time() - (time.perf_counter() - starts[w]) if len(starts) > w else None,
         "profiler_us": [s * 1e6 for s in prof_s[w:]],
     }
 
