@@ -392,7 +392,9 @@ def main() -> None:
     if ok:
         print(f"# median in-window overhead over jobs {statistics.median(f['window_pct'] for f in ok):+.1f}%, "
               f"max {max(f['window_pct'] for f in ok):+.1f}%; whole-run median "
-              f"{statistics.median(f['run_pct'] for f in ok):+.1f}%", flush=True)
+              f"{statistics.median(f['run_pct'] for f in ok):+.1f}%; own pace median "
+              f"{statistics.median(f['pace_pct'] for f in ok):+.1f}%, max {max(f['pace_pct'] for f in ok):+.1f}%",
+              flush=True)
 
 
 if __name__ == "__main__":
