@@ -807,6 +807,10 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
                    f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%}); "
                    f"while the ranks compute: alpha {a['overlap_alpha_us']:.1f} us, beta "
                    f"{a['overlap_beta_us_per_byte'] * 1e3:.4f} us/KB, computation at x{a['overlap_compute_rate']:.2f}")
+        from dpro.whatif.calibrate import unsteady_note
+
+        if note := unsteady_note(d):
+            click.echo(note, err=True)
 
 
 def _calibrate_ps(output: Path, repeats: int, python: str | None, as_json: bool, port_workers: str | None = None,

@@ -468,6 +468,27 @@ def test_calibrate_measures_time_and_cpu(tmp_path):
     assert p.allreduce_cpu == Transfer(ar["cpu_alpha_us"], ar["cpu_beta_us_per_byte"])
 
 
+def test_calibration_says_where_its_tries_disagree():
+    """Sizes from 1 MiB whose tries differ by more than x1.25 are named (hand-made tries)."""
+    from dpro.whatif.calibrate import fit_platform, unsteady_note
+
+    def row(nbytes, us):
+        return {"bytes": nbytes, "us": us, "cpu_us": us / 2, "overlapped_us": 2 * us, "overlapped_total_us": 100.0,
+                "compute_done_us": 50.0}
+
+    sizes = [4096, 1 << 20, 64 << 20]
+    # 4 KiB: x3 apart but too small to judge; 1 MiB: x1.2 (steady); 64 MiB: 40 vs 74 ms
+    tries = [[row(n, us) for n, us in zip(sizes, t)] for t in ([100.0, 1000.0, 40000.0], [300.0, 1200.0, 74000.0])]
+    d = fit_platform(tries, 2, "gloo")
+    assert d["unsteady"] == [{"bytes": 64 << 20, "min_us": 40000.0, "max_us": 74000.0}]
+    assert unsteady_note(d) == ("note: the 2 tries disagree (64 MiB 40.0-74.0 ms): this machine's speed moved while "
+                                "calibrating, and each size keeps the median; calibrate again with more --tries, "
+                                "or when the machine is quiet")
+    steady = fit_platform([[row(n, us) for n, us in zip(sizes, t)] for t in ([100.0, 1000.0, 40000.0],) * 2], 2, "gloo")
+    assert steady["unsteady"] == [] and unsteady_note(steady) is None
+    assert unsteady_note({"allreduce": {}}) is None  # a file from before the check
+
+
 def test_cli_cpu_cost(tmp_path):
     """--cpu-cost: a platform file with the collectives' CPU slows 4 workers on 2 cores
     more than without it; one without it is one line, exit 2."""

@@ -42,6 +42,10 @@ from dpro.ports import free_port
 from dpro.whatif.platform import FORMAT
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+#: tries whose times of one size differ by more than this factor: the machine's speed moved
+UNSTEADY_RATIO = 1.25
+#: sizes below this are not judged: a call of a few hundred µs is mostly scheduling noise
+UNSTEADY_MIN_BYTES = 1 << 20
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, sizes: list[int], repeats: int, out: str) -> None:
@@ -186,4 +190,27 @@ def fit_platform(runs: list[list[dict]], processes: int, backend: str, cpu_cost:
     if not cpu_cost:
         del ar["cpu_alpha_us"], ar["cpu_beta_us_per_byte"]
     return {"format": FORMAT, "version": 1, "backend": backend, "processes": processes, "host": socket.gethostname(),
-            "allreduce": ar, "samples": rows, "tries": runs}
+            "allreduce": ar, "samples": rows, "tries": runs, "unsteady": unsteady(runs)}
+
+
+def unsteady(runs: list[list[dict]]) -> list[dict]:
+    """The sizes (from :data:`UNSTEADY_MIN_BYTES`) whose time alone differs between the tries
+    by more than :data:`UNSTEADY_RATIO`: ``{"bytes", "min_us", "max_us"}`` each. On a shared
+    machine memory bandwidth moves in phases (docs/fidelity.md "The machine's own drift"), and
+    a try catches one of them: the median over the tries then stands on few of each."""
+    out = []
+    for same in zip(*runs):
+        ts = [r["us"] for r in same]
+        if same[0]["bytes"] >= UNSTEADY_MIN_BYTES and len(ts) > 1 and max(ts) > UNSTEADY_RATIO * min(ts):
+            out.append({"bytes": same[0]["bytes"], "min_us": min(ts), "max_us": max(ts)})
+    return out
+
+
+def unsteady_note(platform: dict) -> str | None:
+    """One line for the user where the tries disagree (:func:`unsteady`), else None."""
+    bad = platform.get("unsteady") or []
+    if not bad:
+        return None
+    sizes = ", ".join(f"{b['bytes'] / (1 << 20):g} MiB {b['min_us'] / 1e3:.1f}-{b['max_us'] / 1e3:.1f} ms" for b in bad)
+    return (f"note: the {len(platform.get('tries') or [])} tries disagree ({sizes}): this machine's speed moved while "
+            "calibrating, and each size keeps the median; calibrate again with more --tries, or when the machine is quiet")
