@@ -275,6 +275,26 @@ def test_cli_scale_out_and_bad_parameters(tmp_path):
     assert r.exit_code != 0 and "not a platform file" in r.output
 
 
+def test_cli_unsteady_platform_is_noted_and_a_bad_one_is_one_line(tmp_path):
+    """A platform whose calibration tries disagreed: the prediction says so in its notes;
+    a malformed ``unsteady`` list: one line naming the file, exit 2."""
+    import json
+
+    base = {"format": "dpro-platform", "version": 1, "allreduce": {"alpha_us": 10, "beta_us_per_byte": 0.001}}
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({**base, "unsteady": [{"bytes": 64 << 20, "min_us": 40000, "max_us": 74000}]}))
+    r = _cli("whatif", str(EXAMPLE), "--platform", str(f), "--workers", "4", "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.output)["notes"]
+    assert any("calibration tries disagreed (64 MiB 40.0-74.0 ms)" in n for n in notes), notes
+    f.write_text(json.dumps(base))
+    r = _cli("whatif", str(EXAMPLE), "--platform", str(f), "--workers", "4", "--json")
+    assert r.exit_code == 0 and not any("disagreed" in n for n in json.loads(r.output)["notes"])
+    f.write_text(json.dumps({**base, "unsteady": [{"bytes": "64M"}]}))
+    r = _cli("whatif", str(EXAMPLE), "--platform", str(f), "--workers", "4")
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "p.json" in r.output and "'unsteady'" in r.output
+
+
 def test_cli_load_whatif(tmp_path, monkeypatch):
     (tmp_path / "my_whatifs.py").write_text(
         "import dpro.whatif\n\n@dpro.whatif.whatif('no_backward')\n"

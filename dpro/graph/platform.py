@@ -83,6 +83,8 @@ class Platform:
     ps_port: tuple[tuple[int, int, float], ...] = ()
     #: the all-reduce and the computation while they overlap (``overlap_*`` in ``allreduce``)
     allreduce_overlap: OverlapCost | None = None
+    #: (bytes, min µs, max µs) of the sizes whose calibration tries disagreed (``unsteady``)
+    unsteady: tuple[tuple[int, float, float], ...] = ()
 
     def transfer(self, kind: str) -> Transfer:
         t = self.allreduce if kind == "allreduce" else (self.ps or self.allreduce)
@@ -129,7 +131,20 @@ def load_platform(path: str | Path) -> Platform:
         cpu = _transfer({"alpha_us": a.get("cpu_alpha_us"), "beta_us_per_byte": a.get("cpu_beta_us_per_byte")},
                         p, "allreduce cpu")
     return Platform(str(d.get("backend", "?")), int(d.get("processes", 0) or 0), ar, ps, str(p), _cores(d, p), cpu,
-                    _ps_cpu(d.get("ps"), p), _ps_port(d.get("ps"), p), _overlap(d.get("allreduce"), p))
+                    _ps_cpu(d.get("ps"), p), _ps_port(d.get("ps"), p), _overlap(d.get("allreduce"), p),
+                    _unsteady(d.get("unsteady"), p))
+
+
+def _unsteady(d: object, path: Path) -> tuple[tuple[int, float, float], ...]:
+    """``unsteady`` (dpro calibrate: the sizes whose tries disagreed); absent in older files."""
+    if d is None:
+        return ()
+    ok = isinstance(d, list) and all(
+        isinstance(x, dict) and all(not isinstance(x.get(k), bool) and isinstance(x.get(k), (int, float))
+                                    and x[k] >= 0 for k in ("bytes", "min_us", "max_us")) for x in d)
+    if not ok:
+        raise DproInputError(path, "platform file: 'unsteady' must be a list of {bytes, min_us, max_us}, numbers >= 0")
+    return tuple((int(x["bytes"]), float(x["min_us"]), float(x["max_us"])) for x in d)  # type: ignore[index]
 
 
 def _overlap(d: object, path: Path) -> OverlapCost | None:
