@@ -37,6 +37,16 @@ def thread_env(n: int) -> dict[str, str]:
             "TF_NUM_INTRAOP_THREADS": s, "TF_NUM_INTEROP_THREADS": s}
 
 
+#: glibc's malloc with its mmap threshold fixed at 32 MiB (its largest) and the heap never
+#: trimmed. Left to itself glibc raises the threshold to the size of the first large block a
+#: process frees: a run where that happened early takes its 25 MB gradient buffers from the
+#: heap, a run where it did not maps and faults them in again every step (a 2-rank DDP mlp on
+#: the 2-core VM: 1.1 M minor faults in 60 steps and 80 ms a step, against 0.3 M and 70 ms).
+#: torch.profiler's own allocations raise it, so a profiled run is always the fast kind
+#: (docs/whatif.md, session 30). Fixed, every run is.
+HEAP_ENV = ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824")
+
+
 @dataclass(frozen=True)
 class JobSettings:
     """Environment for every process of a job, and whether each rank is pinned to a core."""
@@ -71,6 +81,10 @@ SETTINGS: dict[str, JobSettings] = {
         JobSettings("pin", (), pin=True, notes="each rank bound to core rank % cores"),
         JobSettings("threads1pin", tuple(thread_env(1).items()), pin=True,
                     notes="one compute thread per process, each rank bound to core rank % cores"),
+        JobSettings("threads1heap", (*thread_env(1).items(), HEAP_ENV),
+                    notes="one compute thread per process, glibc's mmap threshold fixed (HEAP_ENV)"),
+        JobSettings("threads1pinheap", (*thread_env(1).items(), HEAP_ENV), pin=True,
+                    notes="threads1pin, glibc's mmap threshold fixed (HEAP_ENV)"),
     )
 }
 #: what the harnesses use (the figures: docs/fidelity.md "Profiling overhead", benchmarks/noise.py)

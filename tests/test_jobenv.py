@@ -80,3 +80,28 @@ def test_ddp_ranks_are_not_pinned_by_default():
     # a pinned DDP rank's trace would say 1 core, shared by the replay's CPU model among the host's ranks
     assert not jobenv.default_for("ddp").pin and jobenv.default_for("hvd").pin
     assert jobenv.default_for("ddp").env()["OMP_NUM_THREADS"] == "1"
+
+
+def test_heap_setting_stops_glibc_mapping_large_buffers_anew(tmp_path):
+    """HEAP_ENV (the ``*heap`` settings): a process that allocates, fills and frees a ~25 MB
+    buffer ten times, each a little larger (as glibc's dynamic mmap threshold would otherwise
+    follow), faults its pages in once, not ten times (a real glibc, counted by getrusage)."""
+    script = tmp_path / "churn.py"
+    script.write_text(
+        "import ctypes, resource\n"
+        "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; libc.free.argtypes = [ctypes.c_void_p]\n"
+        "f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for i in range(10):\n"
+        "    n = (25 << 20) + i * (64 << 10)\n"
+        "    p = libc.malloc(n); ctypes.memset(p, 1, n); libc.free(p)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    faults = {}
+    for name, extra in (("default", {}), ("heap", dict([jobenv.HEAP_ENV]))):
+        out = subprocess.run([sys.executable, str(script)], env={**env, **extra}, capture_output=True, text=True,
+                             check=True).stdout
+        faults[name] = int(out)
+    pages = (25 << 20) // 4096
+    assert faults["default"] > 8 * pages, faults  # every buffer mapped and faulted in anew
+    assert faults["heap"] < 2 * pages, faults  # the heap's pages faulted in once, then reused
+    assert "threads1heap" in jobenv.SETTINGS and jobenv.HEAP_ENV in jobenv.SETTINGS["threads1pinheap"].env_vars

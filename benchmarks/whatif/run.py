@@ -53,13 +53,21 @@ def _fidelity():
     return mod
 
 
+#: ``--job-setting``: one of jobenv.SETTINGS for every job, calibration included ("": jobenv.default_for)
+JOB_SETTING = ""
+
+
+def job_setting(path: str) -> jobenv.JobSettings:
+    return jobenv.SETTINGS[JOB_SETTING] if JOB_SETTING else jobenv.default_for(path)
+
+
 def launch(n: int, port: int, args: list[str], cap_mbit: float | None, fid, log_dir: Path,
            timeout: float = 900) -> None:
     """Run n ranks of train_ddp.py: torchrun over loopback, or (``cap_mbit``) one network
     namespace per rank with a tbf cap on its link (benchmarks/fidelity/netns.py; root);
-    profiled and measured alike with ``jobenv.default_for("ddp")``."""
+    profiled and measured alike with ``job_setting("ddp")``."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    s = jobenv.default_for("ddp")
+    s = job_setting("ddp")
     if cap_mbit is None:
         cmds = [s.apply([PY, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
                          "127.0.0.1", "--master_port", str(port), str(TRAIN), *args])]
@@ -79,7 +87,7 @@ def hvd_launch(n: int, args: list[str], cap_mbit: float | None, fid, log_dir: Pa
     (``cap_mbit``) one namespace per rank (benchmarks/fidelity/hvd_netns.py; root). With
     ``profile_dir`` the job runs under ``dpro profile`` (the recorder's trace), else with the
     recorder off (``DPRO_DISABLE=1``), timed by the script itself; both with
-    ``jobenv.default_for("hvd")`` (one compute thread per process, each rank on core rank % cores)."""
+    ``job_setting("hvd")`` (one compute thread per process, each rank on core rank % cores)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["PYTHONPATH"] = str(ROOT)  # the ranks import this checkout's dpro (the recorder)
 
@@ -87,7 +95,7 @@ def hvd_launch(n: int, args: list[str], cap_mbit: float | None, fid, log_dir: Pa
         ranks = [PY, str(HVD_TRAIN), *args]
         cmd = ([PY, str(HVD_NETNS), "--np", str(n), "--existing", "--", *ranks] if existing else
                [str(Path(PY).parent / "horovodrun"), "-np", str(n), "--gloo", "-H", f"localhost:{n}", *ranks])
-        cmd = jobenv.default_for("hvd").apply(cmd)
+        cmd = job_setting("hvd").apply(cmd)
         if profile_dir is None:
             return ["env", "DPRO_DISABLE=1", *cmd]
         return [PY, "-m", "dpro.cli", "profile", "-o", str(profile_dir), "--force", "--warmup", str(warmup),
@@ -200,7 +208,14 @@ def main() -> None:
                     help="--framework horovod: calibrate torch.distributed's gloo all-reduce, not Horovod's")
     ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
                     help="passed to dpro whatif: the ranks share this host's cores (default: all of them)")
+    ap.add_argument("--job-setting", default="", choices=["", *jobenv.SETTINGS],
+                    help="every job (and the calibration: its environment) with this benchmarks/jobenv.py setting; "
+                         "default: jobenv.default_for(framework)")
     o = ap.parse_args()
+    global JOB_SETTING
+    JOB_SETTING = o.job_setting
+    if JOB_SETTING:
+        os.environ.update(job_setting("ddp").env())  # the calibration's processes inherit it
     fid = _fidelity()
     o.out.mkdir(parents=True, exist_ok=True)
     port = o.port
@@ -213,12 +228,12 @@ def main() -> None:
         # pinned as its jobs run; the CPU cost stays torch's (Horovod's calls poll: CPU = wall)
         link = o.out / "platform-horovod.json"
         if not link.exists():
-            pin = ["--pin"] if jobenv.default_for("hvd").pin else []
+            pin = ["--pin"] if job_setting("hvd").pin else []
             dpro("calibrate", "--backend", "horovod", *pin, "-o", str(link))
     net = "loopback" if o.cap_mbit is None else f"{o.cap_mbit:g} Mbit/s"
     sub = o.out / ("loopback" if o.cap_mbit is None else f"cap{o.cap_mbit:g}")
     common = ["--host-cores", str(o.host_cores)]
-    if jobenv.default_for("hvd" if o.framework == "horovod" else "ddp").pin:
+    if job_setting("hvd" if o.framework == "horovod" else "ddp").pin:
         common.append("--pinned")  # each rank bound to core rank % cores (jobenv)
     if "cpu_alpha_us" in json.loads(plat.read_text()).get("allreduce", {}):
         common += ["--cpu-cost", str(plat)]  # the collectives' CPU, measured by dpro calibrate
