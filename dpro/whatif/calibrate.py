@@ -31,7 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -206,11 +206,16 @@ def unsteady(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
+def describe_unsteady(sizes: Iterable[tuple[int, float, float]]) -> str:
+    """``64 MiB 40.0-74.0 ms, ...`` for (bytes, min µs, max µs) items."""
+    return ", ".join(f"{b / (1 << 20):g} MiB {lo / 1e3:.1f}-{hi / 1e3:.1f} ms" for b, lo, hi in sizes)
+
+
 def unsteady_note(platform: dict) -> str | None:
     """One line for the user where the tries disagree (:func:`unsteady`), else None."""
     bad = platform.get("unsteady") or []
     if not bad:
         return None
-    sizes = ", ".join(f"{b['bytes'] / (1 << 20):g} MiB {b['min_us'] / 1e3:.1f}-{b['max_us'] / 1e3:.1f} ms" for b in bad)
+    sizes = describe_unsteady((b["bytes"], b["min_us"], b["max_us"]) for b in bad)
     return (f"note: the {len(platform.get('tries') or [])} tries disagree ({sizes}): this machine's speed moved while "
             "calibrating, and each size keeps the median; calibrate again with more --tries, or when the machine is quiet")

@@ -278,9 +278,10 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
                          f"(alpha {spans.transfer.alpha:.1f} us, beta {spans.transfer.beta * 1e3:.2f} ns/B), "
                          "each collective's gap keeps only the excess beyond it")
     if platform is not None and platform.unsteady and src == f"platform {platform.source}":
-        res.notes.append("the platform's calibration tries disagreed (" + ", ".join(
-            f"{b / (1 << 20):g} MiB {lo / 1e3:.1f}-{hi / 1e3:.1f} ms" for b, lo, hi in platform.unsteady)
-            + "): its cost is the median of a machine whose speed moved; calibrate again to check it")
+        from dpro.whatif.calibrate import describe_unsteady
+
+        res.notes.append(f"the platform's calibration tries disagreed ({describe_unsteady(platform.unsteady)}): "
+                         "its cost is the median of a machine whose speed moved; calibrate again to check it")
     law = _overlap_law(platform, src, c0, reps, res.notes) if kind == "allreduce" else None
     if law is not None:
         cluster_points = [c if c.overlap is not None else replace(c, overlap=law) for c in cluster_points]
