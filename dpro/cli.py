@@ -789,7 +789,7 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
         raise DproInputError(None, "--pin: only with --backend horovod")
     from dpro.jsonio import write_json
     from dpro.progress import progress_bar
-    from dpro.whatif.calibrate import calibrate
+    from dpro.whatif.calibrate import calibrate, unsteady_note
 
     with progress_bar(tries, "calibrating the all-reduce") as tick:
         if backend == "horovod":
@@ -807,8 +807,6 @@ def calibrate_cmd(output: Path, processes: int, backend: str, repeats: int, as_j
                    f"beta {a['beta_us_per_byte'] * 1e3:.4f} us/KB per ring step (fit error {a['fit_error']:.0%}); "
                    f"while the ranks compute: alpha {a['overlap_alpha_us']:.1f} us, beta "
                    f"{a['overlap_beta_us_per_byte'] * 1e3:.4f} us/KB, computation at x{a['overlap_compute_rate']:.2f}")
-        from dpro.whatif.calibrate import unsteady_note
-
         if note := unsteady_note(d):
             click.echo(note, err=True)
 

@@ -152,20 +152,31 @@ def calibrate(processes: int = 2, backend: str = "gloo", sizes: list[int] | None
     if tries < 1:
         raise ValueError("calibrate needs at least 1 try")
     sizes = sizes or DEFAULT_SIZES
+
+    def measure(out: Path) -> None:
+        try:
+            mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, str(out)), nprocs=processes,
+                     join=True)
+        except Exception as e:  # a rank's failure (the backend missing here, ...): one line, not its traceback
+            last = str(e).strip().splitlines()[-1:] or [type(e).__name__]
+            raise DproInputError(None, f"--backend {backend}: a calibration rank failed: {last[0][:200]}") from None
+
+    return fit_platform(measure_tries(tries, "dpro-calibrate-", measure, tick), processes, backend)
+
+
+def measure_tries(tries: int, prefix: str, measure: Callable[[Path], None],
+                  tick: Callable[[str], None] | None = None) -> list[list[dict]]:
+    """``tries`` tries of ``measure(out)``, each in fresh processes writing its rows (by size)
+    to ``out`` in a temporary directory of its own; ``tick`` after each."""
     runs = []
     for i in range(tries):
-        with tempfile.TemporaryDirectory(prefix="dpro-calibrate-") as tmp:
-            out = os.path.join(tmp, "rows.json")
-            try:
-                mp.spawn(_rank_main, args=(processes, free_port(), backend, sizes, repeats, out), nprocs=processes,
-                         join=True)
-            except Exception as e:  # a rank's failure (the backend missing here, ...): one line, not its traceback
-                last = str(e).strip().splitlines()[-1:] or [type(e).__name__]
-                raise DproInputError(None, f"--backend {backend}: a calibration rank failed: {last[0][:200]}") from None
-            runs.append(json.loads(Path(out).read_text()))
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            out = Path(tmp) / "rows.json"
+            measure(out)
+            runs.append(json.loads(out.read_text()))
         if tick is not None:
             tick(f"try {i + 1} of {tries}")
-    return fit_platform(runs, processes, backend)
+    return runs
 
 
 def fit_platform(runs: list[list[dict]], processes: int, backend: str, cpu_cost: bool = True) -> dict:

@@ -26,13 +26,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from dpro.errors import DproInputError
-from dpro.whatif.calibrate import DEFAULT_SIZES, compute_unit, fit_platform, process_cpu_us, size_row
+from dpro.whatif.calibrate import (DEFAULT_SIZES, compute_unit, fit_platform, measure_tries, process_cpu_us,
+                                   size_row)
 
 
 def horovodrun() -> str | None:
@@ -50,25 +50,21 @@ def calibrate_horovod(processes: int = 2, sizes: list[int] | None = None, repeat
     if run is None:
         raise DproInputError(None, "--backend horovod: horovodrun not found (install Horovod with gloo: make horovod)")
     sizes = sizes or DEFAULT_SIZES
-    runs = []
-    for i in range(tries):
-        with tempfile.TemporaryDirectory(prefix="dpro-calibrate-hvd-") as tmp:
-            out = Path(tmp) / "rows.json"
-            cmd = [run, "-np", str(processes), "--gloo", "-H", f"localhost:{processes}", sys.executable, "-m",
-                   "dpro.whatif.calibrate_hvd", "--out", str(out), "--sizes", ",".join(map(str, sizes)),
-                   "--repeats", str(repeats), *(["--pin"] if pin else [])]
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise DproInputError(None, f"--backend horovod: horovodrun did not finish in {timeout_s:g} s") from None
-            if p.returncode != 0 or not out.exists():
-                last = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise DproInputError(None, f"--backend horovod: horovodrun failed (exit {p.returncode}): {last[0][:200]}")
-            runs.append(json.loads(out.read_text()))
-        if tick is not None:
-            tick(f"try {i + 1} of {tries}")
-    d = fit_platform(runs, processes, "horovod", cpu_cost=False)
+
+    def measure(out: Path) -> None:
+        cmd = [run, "-np", str(processes), "--gloo", "-H", f"localhost:{processes}", sys.executable, "-m",
+               "dpro.whatif.calibrate_hvd", "--out", str(out), "--sizes", ",".join(map(str, sizes)),
+               "--repeats", str(repeats), *(["--pin"] if pin else [])]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise DproInputError(None, f"--backend horovod: horovodrun did not finish in {timeout_s:g} s") from None
+        if p.returncode != 0 or not out.exists():
+            last = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise DproInputError(None, f"--backend horovod: horovodrun failed (exit {p.returncode}): {last[0][:200]}")
+
+    d = fit_platform(measure_tries(tries, "dpro-calibrate-hvd-", measure, tick), processes, "horovod", cpu_cost=False)
     d["pinned"] = pin
     return d
 
