@@ -468,6 +468,55 @@ def test_deflation_takes_the_profiles_measured_step():
     assert deflate_contended(g.copy(), c, 2, step_us=160.0) == pytest.approx(4 / 3)
 
 
+def test_collectives_cpu_beyond_what_the_profile_holds():
+    """A 400-byte all-reduce at 0.1 µs/B of CPU (ring: 2(N-1) steps of 400/N bytes): 40 µs
+    at 2 ranks, 60 at 4. A profile of 2 ranks already holds the 40 in its op times, so 4
+    ranks add 20 and 2 ranks nothing; a profile that holds none adds all 60. The saturated
+    graph above, profiled at 2 ranks that hold their collectives' CPU: 2*160 = 2*160, not
+    saturated, nothing deflated; at 4 ranks on 2 cores the step needs 4*(160+20)/2 = 360 µs."""
+    from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, comm_cpu_demand, deflate_contended
+
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
+    g.connect(a, b)
+    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                     attrs={"sub_op": "ALLREDUCE"}))
+    c = Cluster(4, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
+    held = replace(c, comm_cpu_profiled=2)
+    assert comm_cpu_demand(g, c) == pytest.approx(60.0)
+    assert comm_cpu_demand(g, held) == pytest.approx(20.0)
+    assert comm_cpu_demand(g, held, 2) == pytest.approx(0.0)
+    assert comm_cpu_demand(g, replace(c, comm_cpu=None)) == 0.0
+    assert deflate_contended(g.copy(), held, 2, step_us=160.0) == 1.0
+    assert deflate_contended(g.copy(), c, 2, step_us=160.0) == pytest.approx(4 / 3)  # as above: counted twice
+    p = _oversubscribed(g.copy(), held, lambda h: _simulate_point(h, 4, None))
+    assert p.iteration_us == pytest.approx(360.0, rel=1e-4)
+
+
+def test_two_rank_profile_holds_its_collectives_cpu(monkeypatch):
+    """The bundled 2-rank DDP recording, its link fitted on its own collectives (8.4 and
+    25.2 MB a step; 1 ns/B of CPU: 33.6 ms at 2 ranks, 50.4 at 4): predicting its own 2
+    ranks on 2 cores with the collectives' CPU changes nothing, and 4 ranks add only the
+    16.8 ms beyond 2 ranks', so they step faster than where the 50.4 ms came on top of op
+    times that already hold the 33.6."""
+    import dpro
+    from dpro.whatif import scaleout
+    from dpro.whatif.scaleout import Cluster, predict
+
+    job = dpro.open(EXAMPLE)
+    cpu = Transfer(0.0, 0.001)
+    clusters = [Cluster(2, host_cores=2, comm_cpu=cpu), Cluster(4, host_cores=2, comm_cpu=cpu)]
+    plain = predict(job, [Cluster(2, host_cores=2), Cluster(4, host_cores=2)])
+    held = predict(job, clusters)
+    assert not any("saturated" in n for n in held.notes)
+    assert held.points[0].iteration_us == pytest.approx(plain.points[0].iteration_us)
+    demand = scaleout.comm_cpu_demand
+    monkeypatch.setattr(scaleout, "comm_cpu_demand",
+                        lambda g, c, n=None: demand(g, replace(c, comm_cpu_profiled=0), n))
+    twice = predict(job, clusters)
+    assert plain.points[1].iteration_us <= held.points[1].iteration_us < twice.points[1].iteration_us
+
+
 def test_calibrate_measures_time_and_cpu(tmp_path):
     """Two real gloo processes: every size has a wall and a CPU time, both fitted; the
     platform file reads back with the collectives' CPU cost."""

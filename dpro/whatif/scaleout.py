@@ -78,6 +78,10 @@ class Cluster:
     profiled_bandwidth: float | None = None
     #: CPU time per rank of an all-reduce (``dpro calibrate``), for ``host_cores``
     comm_cpu: Transfer | None = None
+    #: the profile's op times already hold ``comm_cpu`` at this many ranks (a profile of
+    #: several ranks with its own collectives, its computation not given back its time alone):
+    #: only the collectives' CPU beyond it is new demand (0: none held)
+    comm_cpu_profiled: int = 0
     #: with ``host_cores``: each rank bound to core ``rank % host_cores`` (``taskset``,
     #: ``--bind-to core``), so the busiest core runs ``ceil(workers / host_cores)`` ranks
     pinned: bool = False
@@ -286,6 +290,10 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if law is not None:
         cluster_points = [c if c.overlap is not None else replace(c, overlap=law) for c in cluster_points]
     per_rep = [transfer] * len(reps)
+    if kind == "allreduce" and law is None and len(reps) > 1 and any(
+            not op.attrs.get("synthesized") for op in reps[0].select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE")):
+        # its computation ran beside its own collectives, and no overlap law gave it back its time alone
+        cluster_points = [replace(c, comm_cpu_profiled=len(reps)) for c in cluster_points]
     if kind == "allreduce" and not c0.asynchronous:
         c_ = cluster_points[0]
         for i, g in enumerate(reps):
@@ -376,7 +384,8 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     Each worker needs ``busy`` µs of CPU a step: its computation ops, plus, with
     ``c.comm_cpu`` (``dpro calibrate``'s CPU time of a collective), the CPU its collectives
     take (the library's reductions and copies, the kernel's socket work:
-    ``allreduce_us(bytes, N, comm_cpu)`` each). N of them fit on C cores only if the step
+    ``allreduce_us(bytes, N, comm_cpu)`` each, less what a profile of several ranks already
+    holds, :func:`comm_cpu_demand`). N of them fit on C cores only if the step
     lasts at least ``N*busy/C`` (``c.pinned``, each rank bound to core ``rank % C``: the
     busiest core's ``ceil(N/C)*busy``). Processor sharing slows every computation op by the least
     factor ``f >= 1`` with ``T(f) >= N*busy/C``, and a collective takes the longer of its
@@ -412,7 +421,7 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     busy = sum(op.dur + op.gap * gaps for op in computing if not _is_server(op))
     host = host_cpu + sum(op.dur + op.gap * gaps for op in computing if _is_server(op))
     # N ranks' CPU on C cores; pinned, the busiest core runs ceil(N/C) of them
-    cpu = busy + sum(comm_cpu.values()) + worker_cpu
+    cpu = busy + comm_cpu_demand(g, c) + worker_cpu
     need = (n * cpu + host) / cores
     if c.pinned:
         need = max(need, math.ceil(n / cores) * cpu)
@@ -448,6 +457,19 @@ def _oversubscribed(g: WhatIfGraph, c: Cluster, point: Callable[[WhatIfGraph], P
     return at(hi)
 
 
+def comm_cpu_demand(g: WhatIfGraph, c: Cluster, n: int | None = None) -> float:
+    """CPU µs a rank's collectives add to its computation's at ``n`` ranks (default
+    ``c.workers``): their calibrated CPU (``c.comm_cpu``), less what the profile's op times
+    already hold at ``c.comm_cpu_profiled`` ranks (its computation beside its collectives ran
+    slower by about their CPU, and the collectives' own times carry the rest)."""
+    if c.comm_cpu is None:
+        return 0.0
+    n = c.workers if n is None else n
+    sizes = [op.bytes for op in g.ops.values() if op.attrs.get("sub_op") == "ALLREDUCE"]
+    return sum(max(0.0, allreduce_us(b, n, c.comm_cpu) - allreduce_us(b, c.comm_cpu_profiled, c.comm_cpu))
+               for b in sizes)
+
+
 def deflate_lockstep(g: WhatIfGraph, c: Cluster, profiled: int, gaps: bool = True) -> float:
     """A profile of ``profiled`` synchronous ranks on ``c.host_cores`` cores ran every
     computation op :func:`lockstep_factor` times slower than alone: divides their own
@@ -466,7 +488,7 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int, step_us: float 
     them ran every op ``f`` times slower than alone: its step ``T`` is then the CPU its
     workers needed, ``profiled * (busy/f + cpu) = cores * T`` (``busy``: the computation
     ops' measured time, ``cpu``: the collectives' CPU per ``c.comm_cpu`` at ``profiled``
-    ranks). ``T`` is ``step_us``, the profile's measured step, where given (a worker's graph
+    ranks that the op times do not already hold, :func:`comm_cpu_demand`). ``T`` is ``step_us``, the profile's measured step, where given (a worker's graph
     simulated alone, without the other ranks' waits, can step well below it: 76.6 against
     92.7 ms on a Horovod loopback profile, which then read as saturated), else ``g``
     simulated. Divides every op's time of ``g`` by ``f`` and returns it (1: not saturated,
@@ -475,8 +497,7 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int, step_us: float 
         return 1.0
     t = step_us if step_us else g.simulate().iteration_us
     busy = sum(op.dur + op.gap for op in g.ops.values() if op.cat != "COMM" and not op.comm_device)
-    cpu = sum(allreduce_us(op.bytes, profiled, c.comm_cpu) for op in g.ops.values()
-              if op.attrs.get("sub_op") == "ALLREDUCE")
+    cpu = comm_cpu_demand(g, c, profiled)
     room = (t / math.ceil(profiled / c.host_cores) if c.pinned else c.host_cores * t / profiled) - cpu
     if room <= 0 or busy <= room:
         return 1.0
