@@ -18,7 +18,8 @@ Variants: ``on`` (`dpro profile`), ``off`` (``DPRO_DISABLE=1``), ``nodefer`` (`d
 with ``DPRO_DEFER_WRITE=0``: the trace is exported in the window's last call, so the
 profiler's memory is freed before the calls after the window), ``offnotrim`` (off, with
 glibc's trim and mmap thresholds at 1 GB: freed memory is never handed back to the kernel),
-``ontoppad`` (on, with glibc's ``M_TOP_PAD`` at 64 MiB for the whole run: no heap shrunk).
+``ontoppad`` (on, with glibc's ``M_TOP_PAD`` at 64 MiB for the whole run: no heap shrunk),
+``onheap`` / ``offheap`` (on / off with ``jobenv.HEAP_ENV``: glibc's mmap threshold fixed).
 
     nice -n 19 .venv/bin/python benchmarks/step_faults.py --path hvd --rounds 2
 """
@@ -33,6 +34,7 @@ import runpy
 import statistics
 import subprocess
 import sys
+import time
 import tempfile
 from pathlib import Path
 
@@ -50,6 +52,10 @@ VARIANTS = {
     "nodefer": (True, {"DPRO_DEFER_WRITE": "0"}),
     "ontoppad": (True, {"MALLOC_TOP_PAD_": str(64 << 20)}),  # on, glibc's heaps kept all run
     "offnotrim": (False, {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}),
+    # on / off with glibc's mmap threshold fixed (jobenv.HEAP_ENV): profiled and unprofiled runs alike
+    "onheap": (True, dict([jobenv.HEAP_ENV])),
+    "offheap": (False, dict([jobenv.HEAP_ENV])),
+    "nodeferheap": (True, {"DPRO_DEFER_WRITE": "0", **dict([jobenv.HEAP_ENV])}),
 }
 
 
@@ -58,7 +64,7 @@ def wrap_main(out: str, argv: list[str]) -> None:
     import dpro.profiler.recorder as rec
 
     faults: list[int] = []
-    cpu: dict[str, list[float]] = {"main_us": [], "other_us": [], "nvcsw": [], "nivcsw": []}
+    cpu: dict[str, list[float]] = {"wall_us": [], "main_us": [], "other_us": [], "nvcsw": [], "nivcsw": []}
     orig = rec.Recorder.wrap
 
     def wrap(self, fn):  # type: ignore[no-untyped-def]
@@ -66,10 +72,13 @@ def wrap_main(out: str, argv: list[str]) -> None:
 
         def step(*a, **k):  # type: ignore[no-untyped-def]
             p0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_THREAD)
+            w0 = time.perf_counter()
             try:
                 return inner(*a, **k)
             finally:
+                wall = (time.perf_counter() - w0) * 1e6
                 p1, t1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_THREAD)
+                cpu["wall_us"].append(wall)
                 faults.append(p1.ru_minflt - p0.ru_minflt)
                 main = (t1.ru_utime + t1.ru_stime - t0.ru_utime - t0.ru_stime) * 1e6
                 cpu["main_us"].append(main)
@@ -125,7 +134,7 @@ def main() -> None:
                     "context switches (a time: run through benchmarks/measure.sh)")
     a = ap.parse_args()
     names = [v for v in a.variants.split(",") if v]
-    keys = ["minflt", *(["main_us", "other_us", "nvcsw", "nivcsw"] if a.cpu else [])]
+    keys = ["minflt", *(["wall_us", "main_us", "other_us", "nvcsw", "nivcsw"] if a.cpu else [])]
     per: dict[str, dict[str, list[dict[str, float]]]] = {v: {k: [] for k in keys} for v in names}
     with tempfile.TemporaryDirectory(prefix="dpro-faults-") as tmp:
         for i in range(a.rounds):
