@@ -157,6 +157,11 @@ def rank_main(model_name: str, variants: list[str], rounds: int, steps: int, out
         Path(out, "result.json").write_text(json.dumps({"steps_us": mean, "events_per_step": events}))
     dist.barrier()
     dist.destroy_process_group()
+    # past here only C++ teardown: a profiler or gloo thread still joinable at static destruction
+    # aborts the process now and then ("terminate called without an active exception"), after
+    # the result is written; leave without it
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def summarize(result: dict, variants: list[str]) -> dict[str, dict[str, float]]:
