@@ -517,6 +517,24 @@ def test_two_rank_profile_holds_its_collectives_cpu(monkeypatch):
     assert plain.points[1].iteration_us <= held.points[1].iteration_us < twice.points[1].iteration_us
 
 
+def test_horovod_profile_counts_the_collectives_cpu_in_full(tmp_path, monkeypatch):
+    """A Horovod profile's op times hold its background thread's polling, not the gloo CPU
+    `--cpu-cost` measures: its collectives' CPU is counted in full at N ranks, as for a profile
+    holding none (the golden 2-worker recording, 4 ranks on 2 cores)."""
+    import dpro
+    from dpro.whatif import scaleout
+    from dpro.whatif.scaleout import Cluster, predict
+
+    rec = Path(__file__).resolve().parent / "data" / "golden" / "recordings" / "horovod_torch_mlp" / "raw"
+    assert _cli("collect", str(rec), "-o", str(tmp_path / "hvd")).exit_code == 0
+    job = dpro.open(tmp_path / "hvd")
+    seen = []
+    demand = scaleout.comm_cpu_demand
+    monkeypatch.setattr(scaleout, "comm_cpu_demand", lambda g, c, n=None: seen.append(c.comm_cpu_profiled) or demand(g, c, n))
+    predict(job, [Cluster(4, host_cores=2, comm_cpu=Transfer(0.0, 0.001))])
+    assert seen and set(seen) == {0}
+
+
 def test_calibrate_measures_time_and_cpu(tmp_path):
     """Two real gloo processes: every size has a wall and a CPU time, both fitted; the
     platform file reads back with the collectives' CPU cost."""

@@ -290,9 +290,12 @@ def predict(job: Job, cluster_points: list[Cluster], platform: Platform | None =
     if law is not None:
         cluster_points = [c if c.overlap is not None else replace(c, overlap=law) for c in cluster_points]
     per_rep = [transfer] * len(reps)
-    if kind == "allreduce" and law is None and len(reps) > 1 and any(
+    if kind == "allreduce" and spans is None and law is None and len(reps) > 1 and any(
             not op.attrs.get("synthesized") for op in reps[0].select(lambda o: o.attrs.get("sub_op") == "ALLREDUCE")):
-        # its computation ran beside its own collectives, and no overlap law gave it back its time alone
+        # its computation ran beside its own collectives, and no overlap law gave it back its
+        # time alone. Not Horovod's: its background thread polls (CPU = wall), which torch's
+        # gloo calibration (the CPU cost given) does not measure, so what its op times hold
+        # is not cpu(P) (docs/whatif.md, session 31)
         cluster_points = [replace(c, comm_cpu_profiled=len(reps)) for c in cluster_points]
     if kind == "allreduce" and not c0.asynchronous:
         c_ = cluster_points[0]
