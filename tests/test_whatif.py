@@ -431,17 +431,23 @@ def test_bandwidth_is_the_line_rate():
     assert t.beta == pytest.approx(2.0 - 1514 / 1448 + 1514 / 1448 / 2)
 
 
+def _two_ops_and_an_allreduce() -> tuple[WhatIfGraph, Op, Op, Op]:
+    """a (100 µs) then b (60 µs), and a 400-byte all-reduce of 50 µs after a."""
+    g = WhatIfGraph()
+    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
+    g.connect(a, b)
+    ar = g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
+                          attrs={"sub_op": "ALLREDUCE"}))
+    return g, a, b, ar
+
+
 def test_saturated_profile_is_deflated():
     """The graph of test_collective_cpu_counts_as_demand profiled at 2 workers on 2 cores:
     T = 160, busy = 160, CPU of the all-reduce at 2 ranks 40: 2*(160/f + 40) = 2*160 ->
     f = 4/3; every op / f; scaled back out to 2 workers it gives the profile's 160 µs again."""
     from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, deflate_contended
 
-    g = WhatIfGraph()
-    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
-    g.connect(a, b)
-    ar = g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
-                          attrs={"sub_op": "ALLREDUCE"}))
+    g, a, b, ar = _two_ops_and_an_allreduce()
     c = Cluster(2, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
     assert deflate_contended(g.copy(), replace(c, comm_cpu=None), 2) == 1.0
     assert deflate_contended(g.copy(), replace(c, host_cores=4), 2) == 1.0  # 4 cores: room to spare
@@ -458,11 +464,7 @@ def test_deflation_takes_the_profiles_measured_step():
     saturated, nothing is deflated; measured at 160 µs it is, by 4/3 as above."""
     from dpro.whatif.scaleout import Cluster, deflate_contended
 
-    g = WhatIfGraph()
-    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
-    g.connect(a, b)
-    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
-                     attrs={"sub_op": "ALLREDUCE"}))
+    g = _two_ops_and_an_allreduce()[0]
     c = Cluster(2, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
     assert deflate_contended(g.copy(), c, 2, step_us=200.0) == 1.0
     assert deflate_contended(g.copy(), c, 2, step_us=160.0) == pytest.approx(4 / 3)
@@ -476,11 +478,7 @@ def test_collectives_cpu_beyond_what_the_profile_holds():
     saturated, nothing deflated; at 4 ranks on 2 cores the step needs 4*(160+20)/2 = 360 µs."""
     from dpro.whatif.scaleout import Cluster, _oversubscribed, _simulate_point, comm_cpu_demand, deflate_contended
 
-    g = WhatIfGraph()
-    a, b = _op(g, "a", 100.0), _op(g, "b", 60.0)
-    g.connect(a, b)
-    g.insert([a], Op(name="ar", cat="COMM", device="link", dur=50.0, comm_device=True, bytes=400,
-                     attrs={"sub_op": "ALLREDUCE"}))
+    g = _two_ops_and_an_allreduce()[0]
     c = Cluster(4, host_cores=2, comm_cpu=Transfer(0.0, 0.1))
     held = replace(c, comm_cpu_profiled=2)
     assert comm_cpu_demand(g, c) == pytest.approx(60.0)
