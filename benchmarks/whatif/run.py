@@ -53,12 +53,20 @@ def _fidelity():
     return mod
 
 
-#: ``--job-setting``: one of jobenv.SETTINGS for every job, calibration included ("": jobenv.default_for)
+#: ``--job-setting``: one of jobenv.SETTINGS for every job, calibration included ("": the default below)
 JOB_SETTING = ""
+#: the default: jobenv.default_for's setting with glibc's mmap threshold fixed. Without it an
+#: unprofiled run is one of two kinds (its gradient buffers on the heap, or mapped and faulted
+#: in every step), a profiled one always the first, and the truth moves with the mix
+#: (docs/whatif.md, session 30); with it the DDP truths reproduced to 0.5 % (session 31)
+HEAP_DEFAULT = {"threads1": "threads1heap", "threads1pin": "threads1pinheap"}
 
 
 def job_setting(path: str) -> jobenv.JobSettings:
-    return jobenv.SETTINGS[JOB_SETTING] if JOB_SETTING else jobenv.default_for(path)
+    if JOB_SETTING:
+        return jobenv.SETTINGS[JOB_SETTING]
+    base = jobenv.default_for(path)
+    return jobenv.SETTINGS[HEAP_DEFAULT.get(base.name, base.name)]
 
 
 def launch(n: int, port: int, args: list[str], cap_mbit: float | None, fid, log_dir: Path,
@@ -210,12 +218,12 @@ def main() -> None:
                     help="passed to dpro whatif: the ranks share this host's cores (default: all of them)")
     ap.add_argument("--job-setting", default="", choices=["", *jobenv.SETTINGS],
                     help="every job (and the calibration: its environment) with this benchmarks/jobenv.py setting; "
-                         "default: jobenv.default_for(framework)")
+                         "default: jobenv.default_for(framework) with glibc's mmap threshold fixed (threads1heap for "
+                         "DDP, threads1pinheap for Horovod)")
     o = ap.parse_args()
     global JOB_SETTING
     JOB_SETTING = o.job_setting
-    if JOB_SETTING:
-        os.environ.update(job_setting("ddp").env())  # the calibration's processes inherit it
+    os.environ.update(job_setting("ddp").env())  # the calibration's processes inherit it
     fid = _fidelity()
     o.out.mkdir(parents=True, exist_ok=True)
     port = o.port
