@@ -491,7 +491,8 @@ def deflate_contended(g: WhatIfGraph, c: Cluster, profiled: int, step_us: float 
     them ran every op ``f`` times slower than alone: its step ``T`` is then the CPU its
     workers needed, ``profiled * (busy/f + cpu) = cores * T`` (``busy``: the computation
     ops' measured time, ``cpu``: the collectives' CPU per ``c.comm_cpu`` at ``profiled``
-    ranks that the op times do not already hold, :func:`comm_cpu_demand`). ``T`` is ``step_us``, the profile's measured step, where given (a worker's graph
+    ranks that the op times do not already hold, :func:`comm_cpu_demand`). ``T`` is
+    ``step_us``, the profile's measured step, where given (a worker's graph
     simulated alone, without the other ranks' waits, can step well below it: 76.6 against
     92.7 ms on a Horovod loopback profile, which then read as saturated), else ``g``
     simulated. Divides every op's time of ``g`` by ``f`` and returns it (1: not saturated,
