@@ -34,8 +34,8 @@ import runpy
 import statistics
 import subprocess
 import sys
-import time
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent

@@ -96,59 +96,54 @@ def rank_main(model_name: str, variants: list[str], rounds: int, steps: int, out
         loss_fn(ddp(batch[0]), batch[1]).backward()
         opt.step()
 
-    def block(variant: str) -> tuple[list[float], int]:
+    def timed(begin=None, end=None) -> list[float]:  # type: ignore[no-untyped-def]
+        """``steps`` calls, each timed (µs), ``begin(i)`` / ``end(i, token)`` around the step."""
         times: list[float] = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            token = begin(i) if begin else None
+            step()
+            if end:
+                end(i, token)
+            times.append((time.perf_counter() - t0) * 1e6)
+        return times
+
+    def block(variant: str) -> tuple[list[float], int]:
         if variant == "off":
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - t0) * 1e6)
-            return times, 0
+            return timed(), 0
         if variant == "bare":
             prof = real_profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.start()
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - t0) * 1e6)
+            times = timed()
             prof.stop()
             return times, len(prof.profiler.kineto_results.events())
         torch.profiler.profile = _ScopedSession if variant == "coarse" else real_profile
         b = TorchBackend(ddp, config)
         b.start()
-        for i in range(steps):
-            t0 = time.perf_counter()
-            token = b.step_begin(i)
-            step()
-            b.step_end(i, token)
-            times.append((time.perf_counter() - t0) * 1e6)
+        times = timed(b.step_begin, b.step_end)
         b.stop()
         events = b.prof.events if variant == "coarse" else len(b.prof.profiler.kineto_results.events())
         b._drop_sessions()
         torch.profiler.profile = real_profile
         return times, events
 
-    res: dict[str, list[list[float]]] = {v: [] for v in variants}
-    events: dict[str, int] = {}
-    if rounds == 0:  # --sequence: the blocks once, in this order, from the process's first call
-        order = variants
-        res = {f"{i}:{v}": [] for i, v in enumerate(order)}
-        for i, v in enumerate(order):
-            dist.barrier()
-            times, n = block(v)
-            res[f"{i}:{v}"].append(times)
-            events[f"{i}:{v}"] = n // steps
-        variants = list(res)
+    # (result key, variant) of every block in order: --sequence (rounds 0) once each from the
+    # process's first call, keyed by position; else two unrecorded off blocks, then the rounds
+    if rounds == 0:
+        plan = [(f"{i}:{v}", v) for i, v in enumerate(variants)]
         rounds = 1
     else:
         for _ in range(2):
             block("off")
-        for r in range(rounds):
-            for v in variants if r % 2 == 0 else variants[::-1]:
-                dist.barrier()
-                times, n = block(v)
-                res[v].append(times)
-                events[v] = n // steps
+        plan = [(v, v) for r in range(rounds) for v in (variants if r % 2 == 0 else variants[::-1])]
+    res: dict[str, list[list[float]]] = {k: [] for k, _ in plan}
+    events: dict[str, int] = {}
+    for key, v in plan:
+        dist.barrier()
+        times, n = block(v)
+        res[key].append(times)
+        events[key] = n // steps
+    variants = list(res)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, res)
     if rank == 0:
@@ -198,14 +193,12 @@ def sequence_summary(results: list[dict], order: list[str]) -> list[dict]:
     """``--sequence``: per block, the median over launches of its median step against the
     launch's settled unprofiled pace, the median step of its ``off`` blocks after the first
     (the first holds the process's first calls) (%)."""
+    later_off = [f"{j}:off" for j, w in enumerate(order) if w == "off" and j > 0]
+    bases = [statistics.median(x for k in later_off for x in r["steps_us"][k][0]) for r in results]
     out = []
     for i, v in enumerate(order):
         k = f"{i}:{v}"
-        pct = []
-        for r in results:
-            base = statistics.median(x for j, w in enumerate(order) if w == "off" and j > 0
-                                     for x in r["steps_us"][f"{j}:{w}"][0])
-            pct.append(100 * (statistics.median(r["steps_us"][k][0]) / base - 1))
+        pct = [100 * (statistics.median(r["steps_us"][k][0]) / base - 1) for r, base in zip(results, bases)]
         out.append({"block": k, "median_pct": statistics.median(pct), "pct": pct})
     return out
 
