@@ -12,7 +12,12 @@ round (order alternating), all in the same processes:
 * ``coarse``: the same, with torch.profiler observing only user ranges and autograd nodes
   (``RecordScope.USER_SCOPE``, ``BACKWARD_FUNCTION``), not every operator: what recording
   without per-op events would cost (a measurement; dpro does not record so);
-* ``bare``: a torch.profiler CPU session alone.
+* ``bare``: a torch.profiler CPU session alone;
+* ``light``: dpro's recorder backend in CPU-light mode (``DPRO_CPU_LIGHT``): torch.profiler in
+  the block's first call, the others timed by the layer and bucket hooks alone;
+* ``hooks``: those hooks alone in every call (no torch.profiler);
+* ``once``: a torch.profiler CPU session over the block's first call alone (what the
+  structure call leaves behind for the next ones).
 
 dpro's bucket hook is installed once for every variant (DDP takes one comm hook per model).
 Each step is the mean over the ranks; per variant: the median of its steps (pooled), against
@@ -27,6 +32,7 @@ benchmarks/measure.sh.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -41,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import jobenv  # noqa: E402
 
-VARIANTS = ("off", "window", "coarse", "bare")
+VARIANTS = ("off", "window", "coarse", "bare", "light", "hooks", "once")
 
 
 class _ScopedSession:
@@ -77,6 +83,7 @@ def rank_main(model_name: str, variants: list[str], rounds: int, steps: int, out
     from models import DEFAULT_BATCH_SIZE, build
 
     from dpro.profiler.config import RecordConfig
+    from dpro.profiler.pytorch.anchors import AnchorLog
     from dpro.profiler.pytorch.backend import TorchBackend
 
     torch.set_num_threads(1)
@@ -87,7 +94,8 @@ def rank_main(model_name: str, variants: list[str], rounds: int, steps: int, out
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     batch = make_batch(DEFAULT_BATCH_SIZE[model_name])
-    config = RecordConfig(out_dir=Path(out) / "unused", warmup=0, steps=steps, shallow_ranks=False)
+    config = RecordConfig(out_dir=Path(out) / "unused", warmup=0, steps=steps, shallow_ranks=False, cpu_light=False)
+    light_config = dataclasses.replace(config, cpu_light=True)
     TorchBackend(ddp, config)  # dpro's bucket hook, for every variant
     real_profile = torch.profiler.profile
 
@@ -111,14 +119,25 @@ def rank_main(model_name: str, variants: list[str], rounds: int, steps: int, out
     def block(variant: str) -> tuple[list[float], int]:
         if variant == "off":
             return timed(), 0
-        if variant == "bare":
+        if variant in ("bare", "once"):
             prof = real_profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.start()
-            times = timed()
-            prof.stop()
+            if variant == "once":
+                times = timed(end=lambda i, _: prof.stop() if i == 0 else None)
+            else:
+                times = timed()
+                prof.stop()
             return times, len(prof.profiler.kineto_results.events())
+        if variant == "hooks":
+            b = TorchBackend(ddp, light_config)
+            b.active, b.anchors = True, AnchorLog()
+            b._install_layer_hooks()
+            times = timed(b.step_begin, b.step_end)
+            b._remove_layer_hooks()
+            b.active, b.anchors = False, None
+            return times, 0
         torch.profiler.profile = _ScopedSession if variant == "coarse" else real_profile
-        b = TorchBackend(ddp, config)
+        b = TorchBackend(ddp, light_config if variant == "light" else config)
         b.start()
         times = timed(b.step_begin, b.step_end)
         b.stop()
@@ -161,15 +180,23 @@ def rank_main(model_name: str, variants: list[str], rounds: int, steps: int, out
 
 def summarize(result: dict, variants: list[str]) -> dict[str, dict[str, float]]:
     """Per variant: pooled median step (µs), its % against ``off``, the median over rounds of
-    the block's median against the same round's ``off`` block (%), events a step."""
+    the block's median against the same round's ``off`` block (%), the same two for the
+    block's calls after its first (``light``'s and ``once``'s first call holds torch.profiler),
+    events a step."""
     steps = result["steps_us"]
     base = statistics.median(x for blk in steps["off"] for x in blk)
+    base_later = statistics.median(x for blk in steps["off"] for x in blk[1:]) if len(steps["off"][0]) > 1 else base
     out = {}
     for v in variants:
         pooled = statistics.median(x for blk in steps[v] for x in blk)
         paired = [statistics.median(a) / statistics.median(b) - 1 for a, b in zip(steps[v], steps["off"])]
         out[v] = {"median_us": pooled, "pooled_pct": 100 * (pooled / base - 1),
                   "paired_pct": 100 * statistics.median(paired), "events_per_step": result["events_per_step"].get(v, 0)}
+        if len(steps[v][0]) > 1:
+            later = statistics.median(x for blk in steps[v] for x in blk[1:])
+            paired_later = [statistics.median(a[1:]) / statistics.median(b[1:]) - 1 for a, b in zip(steps[v], steps["off"])]
+            out[v] |= {"later_pooled_pct": 100 * (later / base_later - 1),
+                       "later_paired_pct": 100 * statistics.median(paired_later)}
     return out
 
 
@@ -244,8 +271,10 @@ def main() -> None:
     summary = summarize(result, variants)
     print(f"{head}; {a.rounds} rounds")
     for v, s in summary.items():
+        later = (f"  calls 2+: pooled {s['later_pooled_pct']:+6.1f} %  paired {s['later_paired_pct']:+6.1f} %"
+                 if "later_pooled_pct" in s else "")
         print(f"{v:8s} {s['median_us'] / 1e3:8.2f} ms  pooled {s['pooled_pct']:+6.1f} %  "
-              f"paired {s['paired_pct']:+6.1f} %  events/step {s['events_per_step']:6d}")
+              f"paired {s['paired_pct']:+6.1f} %  events/step {s['events_per_step']:6d}{later}")
     if a.json_out:
         a.json_out.write_text(json.dumps({"model": a.model, "workers": a.workers, "rounds": a.rounds,
                                           "steps": a.steps, "summary": summary, **result}))

@@ -300,6 +300,11 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
               help="PyTorch on CUDA: record the window's first step with its CPU operators (the structure) and "
                    "the others with the CUDA activity alone (kernels, copies, runtime calls: the timing), which "
                    "costs a fraction of torch.profiler's per-op CPU tracing (docs/gpu.md). Default: off.")
+@click.option("--cpu-light/--no-cpu-light", "cpu_light", default=None,
+              help="PyTorch on the CPU: record the window's first step with torch.profiler (the structure) and "
+                   "time the others by the layer and DDP bucket hooks alone, which costs a fraction of the "
+                   "profiler's tracing (docs/profiling.md). Default: on for a model on the CPU, unless --memory; "
+                   "--no-cpu-light records every step with torch.profiler.")
 @click.option("--shallow-ranks/--no-shallow-ranks", "shallow_ranks", default=None,
               help="PyTorch: ranks other than 0 record only the window's first call, and the replay takes "
                    "their later steps from rank 0's (data parallelism: every rank runs the same ops). Default: "
@@ -308,7 +313,7 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile: bool, mxnet_unbulk: bool,
             mxnet_keep_bulking: bool, record_shapes: bool | None, profile_memory: bool | None, cuda_light: bool,
-            shallow_ranks: bool | None, command: tuple[str, ...]) -> None:
+            cpu_light: bool | None, shallow_ranks: bool | None, command: tuple[str, ...]) -> None:
     """Run a training COMMAND with dpro recording on, and collect one gTrace.
 
     \b
@@ -338,6 +343,10 @@ def profile(output: Path, warmup: int, steps: int, force: bool, measure_compile:
         from dpro.contracts.recording import ENV_CUDA_LIGHT
 
         os.environ[ENV_CUDA_LIGHT] = "1"
+    if cpu_light is not None:
+        from dpro.contracts.recording import ENV_CPU_LIGHT
+
+        os.environ[ENV_CPU_LIGHT] = "1" if cpu_light else "0"
     if shallow_ranks is not None:
         from dpro.contracts.recording import ENV_SHALLOW_RANKS
 

@@ -22,6 +22,7 @@ def _record(tmp_path, monkeypatch, rank: int) -> tuple[dict, list[str]]:
     import dpro
 
     monkeypatch.setenv("DPRO_SHALLOW_RANKS", "1")
+    monkeypatch.setenv("DPRO_CPU_LIGHT", "0")  # the full window: shallow ranks are what is tested
     monkeypatch.setenv("DPRO_AFTER_STEPS", "0")
     monkeypatch.setenv("RANK", str(rank))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -137,6 +138,7 @@ def test_ddp_job_with_shallow_ranks(tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("DPRO_SHALLOW_RANKS", "1")
+    monkeypatch.setenv("DPRO_CPU_LIGHT", "0")  # the full window: shallow ranks are what is tested
     out = tmp_path / "traces"
     r = subprocess.run([sys.executable, "-m", "dpro.cli", "profile", "-o", str(out), "--warmup", "2", "--steps", "3",
                         "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

@@ -87,6 +87,11 @@ ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
 #: copies, runtime calls: the timing), far cheaper (``dpro profile --cuda-light``;
 #: :func:`light_trace_name`, ``MetaKey.CUDA_LIGHT``)
 ENV_CUDA_LIGHT = "DPRO_CUDA_LIGHT"
+#: ``1``/``0``: PyTorch models on the CPU: the window's first step is recorded with
+#: torch.profiler (the structure), the others by Python hooks alone (layer, DDP bucket and
+#: step times: the timing), far cheaper; or every step by torch.profiler. Unset: on for a
+#: model on the CPU (``dpro profile --[no-]cpu-light``; ``MetaKey.CPU_LIGHT``)
+ENV_CPU_LIGHT = "DPRO_CPU_LIGHT"
 #: ``1``/``0``: PyTorch ranks other than 0 stop torch.profiler after the window's first call
 #: (rank 0 records the whole window), or not; the replay takes those ranks' later steps from
 #: rank 0's (``MetaKey.SHALLOW``). Unset: only for a DDP model over every rank on a host that
@@ -253,6 +258,13 @@ class MetaKey:
     #: PyTorch light mode (``ENV_CUDA_LIGHT``): ``{"structure_step": i, "steps": [...], "trace":
     #: light_trace_name(r)}``: the steps recorded CUDA-only, in :func:`light_trace_name`
     CUDA_LIGHT = "cuda_light"
+    #: PyTorch CPU-light mode (``ENV_CPU_LIGHT``): ``{"structure_step": i, "steps": [...],
+    #: "unix_minus_clock_us": x, "anchors": [[[name, start_us, end_us], ...] per light step]}``
+    #: (the anchors' clock plus x is Unix time): the times of the step,
+    #: each layer's forward and each DDP bucket's all-reduce (``comm#k``: the hook's call to
+    #: the collective's completion) in the steps recorded without torch.profiler, on one
+    #: monotonic clock (dpro.importers.kineto.cpu_light)
+    CPU_LIGHT = "cpu_light"
     #: ``ENV_SHALLOW_RANKS`` on a rank other than 0: ``{"deep_steps": [first window call]}``:
     #: its profiler recorded that call only; the importer times its other window steps from
     #: rank 0's (:func:`dpro.importers.recording.shallow.fill_shallow_steps`)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dpro.contracts.recording import (
     ENV_AFTER_STEPS,
+    ENV_CPU_LIGHT,
     ENV_CUDA_LIGHT,
     ENV_DEFER_WRITE,
     ENV_DISABLE,
@@ -64,6 +65,10 @@ class RecordConfig:
     #: PyTorch on CUDA: CPU operators in the window's first step only, CUDA activity alone in
     #: the others (``DPRO_CUDA_LIGHT``, ``dpro profile --cuda-light``; docs/profiling.md)
     cuda_light: bool = False
+    #: PyTorch on the CPU: torch.profiler in the window's first step only, the others timed by
+    #: the layer and bucket hooks alone (``DPRO_CPU_LIGHT``, ``dpro profile --[no-]cpu-light``);
+    #: None: on for a model on the CPU unless ``profile_memory`` (the recorder decides)
+    cpu_light: bool | None = None
     #: PyTorch: ranks other than 0 stop the profiler after the window's first call
     #: (``DPRO_SHALLOW_RANKS``; dpro/contracts/recording.py); None: where the host runs more
     #: ranks of a data-parallel DDP model than it has cores (the recorder decides)
@@ -90,6 +95,7 @@ class RecordConfig:
         memory = _env_bool(ENV_PROFILE_MEMORY, DEFAULT_PROFILE_MEMORY, problems)
         defer = _env_bool(ENV_DEFER_WRITE, True, problems)
         light = _env_bool(ENV_CUDA_LIGHT, False, problems)
+        cpu_light = _env_bool(ENV_CPU_LIGHT, None, problems)
         shallow = _env_bool(ENV_SHALLOW_RANKS, None, problems)
         tf_level = _env_int(ENV_TF_HOST_TRACER_LEVEL, 2, 1, problems)
         if tf_level > 3:
@@ -117,6 +123,7 @@ class RecordConfig:
             tf_host_tracer_level=tf_level,
             tf_prime_steps=tf_prime,
             cuda_light=light,
+            cpu_light=cpu_light,
             shallow_ranks=shallow,
             problem="; ".join(problems) or None,
         )

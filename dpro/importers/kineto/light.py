@@ -244,12 +244,23 @@ def apply_light_match(nt: NodeTrace, m: LightMatch) -> str:
     step (CPU-side times through the step's :class:`TimeMap`, GPU ops their own). Returns
     the node's note."""
     st = m.structure_step
+    retime_steps(nt, st, m.numbers, m.maps, m.gpu_steps)
+    return (f"{nt.info.name}: CUDA-light recording: steps {m.numbers} timed from the CUDA-only session "
+            f"({m.file}: {m.what}), on the ops and dependencies of step {st} (recorded with CPU operators; "
+            f"its own timing is left out)")
+
+
+def retime_steps(nt: NodeTrace, st: int, numbers: list[int], maps: list[TimeMap],
+                 gpu_steps: list[dict[int, Seg]] | None = None) -> None:
+    """Replace ``nt``'s step ``st`` by one step per number: the same events, each placed
+    through that step's map (or, for a GPU op in ``gpu_steps``, given the light step's own)."""
     t0, dur = nt.steps[st]
     t1 = t0 + dur
     own = [e for e in nt.events if e.step == st]
     rest = [e for e in nt.events if e.step != st]
     new: list[Event] = []
-    for num, f, gpu in zip(m.numbers, m.maps, m.gpu_steps):
+    for k, (num, f) in enumerate(zip(numbers, maps)):
+        gpu = gpu_steps[k] if gpu_steps is not None else {}
         for e in own:
             s = gpu.get(id(e))
             if s is not None:
@@ -261,9 +272,6 @@ def apply_light_match(nt: NodeTrace, m: LightMatch) -> str:
         nt.steps[num] = (a, b - a)
     del nt.steps[st]
     nt.events = rest + new
-    return (f"{nt.info.name}: CUDA-light recording: steps {m.numbers} timed from the CUDA-only session "
-            f"({m.file}: {m.what}), on the ops and dependencies of step {st} (recorded with CPU operators; "
-            f"its own timing is left out)")
 
 
 def match_light_steps(nt: NodeTrace, struct_rf: RankFile, light_rf: RankFile, st: int,

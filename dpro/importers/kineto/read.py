@@ -366,7 +366,7 @@ def load_rank_file(path: Path, rank_pattern: str, index: int) -> RankFile:
         world_size=ws,
         backend=backend if isinstance(backend, str) else None,
         events=c.events,
-        meta={k: d[k] for k in ("deviceProperties", "host_name", "distributedInfo") if k in d},
+        meta={k: d[k] for k in ("deviceProperties", "host_name", "distributedInfo", "baseTimeNanoseconds") if k in d},
         legacy=c.legacy,
         python=c.python,
     )

@@ -26,7 +26,7 @@ from dpro.contracts.recording import (
     rank_trace_name,
 )
 from dpro.errors import DproInputError
-from dpro.gtrace.schema import GTrace, NodeTrace, Tensor
+from dpro.gtrace.schema import Event, GTrace, NodeTrace, Tensor
 from dpro.importers.horovod.atoms import apply_horovod_timeline
 from dpro.importers.kineto import import_kineto
 from dpro.importers.kineto.shapes import LAYER_SHAPES
@@ -150,6 +150,15 @@ def _light_match(nt: NodeTrace, raw: Path, meta: dict, notes: list[str]) -> Ligh
     return m
 
 
+def _structure_pace(nt: NodeTrace, info: object) -> None:
+    """A light rank replaying its structure step: that call's wall is its profiled pace, the
+    one the unprofiled correction compares with (:mod:`dpro.graph.overhead`)."""
+    st = info.get("structure_step") if isinstance(info, dict) else None
+    walls = nt.meta.get(MetaKey.STEP_WALL_US)
+    if isinstance(st, int) and isinstance(walls, list) and 0 <= st < len(walls):
+        nt.meta[MetaKey.STEP_WALL_US] = walls[:st + 1]
+
+
 def _light_steps(gt: GTrace, raw: Path, metas: dict[int, dict]) -> None:
     """Time the CUDA-light ranks' steps from their light traces (:mod:`dpro.importers.kineto.light`),
     all of them or none: where one rank's light steps cannot be used, every light rank
@@ -171,11 +180,43 @@ def _light_steps(gt: GTrace, raw: Path, metas: dict[int, dict]) -> None:
             gt.notes.append(f"{', '.join(used)}: CUDA-light steps match, but replaying the structure step alone like "
                             f"the ranks whose light steps do not, so that every rank replays the same steps")
         for nt in light.values():
-            info = metas[nt.info.rank][MetaKey.CUDA_LIGHT]
-            st = info.get("structure_step") if isinstance(info, dict) else None
-            walls = nt.meta.get(MetaKey.STEP_WALL_US)
-            if isinstance(st, int) and isinstance(walls, list) and 0 <= st < len(walls):
-                nt.meta[MetaKey.STEP_WALL_US] = walls[:st + 1]
+            _structure_pace(nt, metas[nt.info.rank][MetaKey.CUDA_LIGHT])
+    gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
+
+
+def _cpu_light_steps(gt: GTrace, raw: Path, metas: dict[int, dict]) -> None:
+    """Time the CPU-light ranks' steps from their hooks (:mod:`dpro.importers.kineto.cpu_light`),
+    all of them or none, as :func:`_light_steps` does for CUDA-light ranks."""
+    from dpro.importers.kineto.cpu_light import apply_cpu_light
+    from dpro.importers.kineto.read import DEFAULT_RANK_PATTERN, load_rank_file
+
+    light = [nt for nt in gt.nodes.values() if MetaKey.CPU_LIGHT in metas.get(nt.info.rank, {})]
+    if not light:
+        return
+    done: list[tuple[NodeTrace, dict, list[Event]]] = []
+    notes: list[str] = []
+    why = None
+    for nt in light:
+        info = metas[nt.info.rank][MetaKey.CPU_LIGHT]
+        saved = (dict(nt.steps), list(nt.events))
+        try:
+            if not isinstance(info, dict):
+                raise ValueError(f"'{MetaKey.CPU_LIGHT}' in its meta.json is not an object")
+            rf = load_rank_file(raw / rank_trace_name(nt.info.rank), DEFAULT_RANK_PATTERN, nt.info.rank)
+            note = apply_cpu_light(nt, rf, info)
+        except (DproInputError, KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError) as e:
+            why = f"{nt.info.name}: CPU-light recording not used ({str(e)[:160]})"
+            break
+        done.append((nt, *saved))
+        notes.append(note)
+    if why is None:
+        gt.notes += notes
+    else:  # every rank back to its structure step: the ranks must share their steps
+        for nt, steps, events in done:
+            nt.steps, nt.events = steps, events
+        gt.notes.append(f"{why}; every rank replays the window's first step alone, recorded by torch.profiler")
+        for nt in light:
+            _structure_pace(nt, metas[nt.info.rank][MetaKey.CPU_LIGHT])
     gt.manifest.steps = sorted(set.intersection(*(set(nt.steps) for nt in gt.nodes.values())))
 
 
@@ -257,6 +298,7 @@ def _collect(raw: Path, progress: bool | None) -> GTrace:
         if (raw / rank_trace_name(nt.info.rank)).is_file():  # allocations -> ops (docs/memory.md)
             attach_allocations(nt, raw / rank_trace_name(nt.info.rank))
     _light_steps(gt, raw, metas)  # CUDA-light ranks: their light steps replace the structure step
+    _cpu_light_steps(gt, raw, metas)  # CPU-light ranks: likewise, timed by their hooks
     # shallow ranks (DPRO_SHALLOW_RANKS): their later steps are rank 0's
     if (unfilled := fill_shallow_steps(gt, metas)) and not gt.manifest.steps:
         raise DproInputError(raw, f"{unfilled[0]}; no step is left that every rank recorded: profile again "

@@ -16,6 +16,11 @@ that launched it: the timing, without torch.profiler's per-op CPU cost); the swi
 between two calls, outside the time the recorder measures of each.
 :mod:`dpro.importers.kineto.light` puts the two together.
 
+For a model on the CPU (CPU-light mode, the default there unless allocations are recorded;
+``DPRO_CPU_LIGHT=0``: :attr:`RecordConfig.cpu_light` off), the first profiled call is recorded as above too; then torch.profiler is stopped and the window's other
+calls are timed by the layer and bucket hooks alone (:mod:`dpro.profiler.pytorch.anchors`, into
+the meta's ``cpu_light``); :mod:`dpro.importers.kineto.cpu_light` puts the two together.
+
 DDP buckets are recorded by a communication hook that wraps DDP's default all-reduce and
 notes, for each bucket, its parameters; it costs one Python call per bucket per step.
 """
@@ -49,6 +54,7 @@ from dpro.contracts.recording import (
 from dpro.jsonio import write_json
 from dpro.profiler.config import RecordConfig, measure_compile_enabled
 from dpro.profiler.horovod.runtime import WindowTimeline, settings_from_env
+from dpro.profiler.pytorch.anchors import AnchorLog
 from dpro.profiler.pytorch.compile_probe import CompileProbe
 from dpro.profiler.pytorch.memory import MemoryWatch
 
@@ -168,6 +174,10 @@ class TorchBackend:
         self.light_steps: list[int] = []
         #: where the structure step's session was exported at the switch (light mode)
         self._struct_tmp: tempfile.TemporaryDirectory | None = None
+        #: CPU-light mode (``config.cpu_light``, model on the CPU): whether it is on, and the
+        #: light steps' anchors once the structure step is recorded
+        self.cpu_light = False
+        self.anchors: AnchorLog | None = None
         #: shallow ranks (:meth:`_shallow_wanted`) on a rank other than 0: the profiler was
         #: stopped after the window's first call
         self.shallow = False
@@ -202,6 +212,12 @@ class TorchBackend:
             backend = target.backend
             if not backend.active:
                 return default_hooks.allreduce_hook(state, bucket)
+            anchors = backend.anchors
+            if anchors is not None:  # a CPU-light step: the hook's and the collective's times only
+                anchors.enter(f"{BUCKET_PREFIX}{bucket.index()}")
+                fut = default_hooks.allreduce_hook(state, bucket)
+                anchors.exit()
+                return anchors.comm(fut)
             idx = bucket.index()
             if idx not in backend.buckets:
                 buf = bucket.buffer()
@@ -226,14 +242,20 @@ class TorchBackend:
         fast = None if env_flag(ENV_SLOW_LAYERS) else fast_range()
         self._fast_layers = fast is not None
         make = fast if fast is not None else torch.profiler.record_function
+        anchors = self.anchors
 
         def pre(mod: Any, args: Any, name: str) -> None:
+            if anchors is not None:
+                anchors.enter(name)
+                return
             rf = make(name)
             rf.__enter__()
             stack.append(rf)
 
         def post(mod: Any, args: Any, out: Any) -> None:
-            if stack:
+            if anchors is not None:
+                anchors.exit()
+            elif stack:
                 stack.pop().__exit__(None, None, None)
 
         # Every module but the model itself: an op belongs to the innermost one that ran it
@@ -263,6 +285,13 @@ class TorchBackend:
         if on_cuda:
             acts.append(ProfilerActivity.CUDA)
         self.light = self.config.cuda_light and on_cuda and self.config.steps > 1
+        # auto (None): on, unless the allocations are recorded (the memory estimates analyse
+        # the window's steps after its first: dpro.importers.recording.allocations)
+        want = self.config.cpu_light if self.config.cpu_light is not None else not self.config.profile_memory
+        self.cpu_light = want and not on_cuda and self.config.steps > 1
+        if self.config.cpu_light and not self.cpu_light:
+            log.warning("dpro: DPRO_CPU_LIGHT needs a model on the CPU (on CUDA: DPRO_CUDA_LIGHT) and a window of "
+                        "2 steps or more: every step is recorded with its CPU operators")
         if self.config.cuda_light and not self.light:
             log.warning("dpro: DPRO_CUDA_LIGHT needs a model on CUDA and a window of 2 steps or more: "
                         "every step is recorded with its CPU operators")
@@ -286,6 +315,9 @@ class TorchBackend:
 
     def step_begin(self, step: int) -> object:
         self.steps.append(step)
+        if self.anchors is not None:
+            self.anchors.begin_step(step)
+            return None
         if self.light_prof is not None:
             self.light_steps.append(step)
         rf = torch.profiler.record_function(f"{TORCH_STEP_PREFIX}{step}")
@@ -293,9 +325,14 @@ class TorchBackend:
         return rf
 
     def step_end(self, step: int, token: object) -> None:
+        if self.anchors is not None:
+            self.anchors.end_step()
+            return
         token.__exit__(None, None, None)  # type: ignore[attr-defined]
         if self.light and self.light_prof is None and len(self.steps) == 1 and self.config.steps > 1:
             self._go_light()
+        elif self.cpu_light and len(self.steps) == 1:
+            self._go_cpu_light()
         elif (not self.light and not self.shallow and len(self.steps) == 1 and self.config.steps > 1
               and _rank_world()[0] != 0 and self._shallow_wanted()):
             self._go_shallow()
@@ -344,6 +381,16 @@ class TorchBackend:
         self.light_prof = profile(activities=[ProfilerActivity.CUDA])
         self.light_prof.start()
 
+    def _go_cpu_light(self) -> None:
+        """After the structure step (between two calls, outside their timing): stop
+        torch.profiler, export its session, and time the window's other calls by the hooks."""
+        self._remove_layer_hooks()
+        self.prof.stop()
+        self._struct_tmp = tempfile.TemporaryDirectory(prefix="dpro-")
+        self.prof.export_chrome_trace(str(Path(self._struct_tmp.name) / "trace.json"))
+        self.anchors = AnchorLog()
+        self._install_layer_hooks()  # now timing the layers on the anchors' clock
+
     def _stop(self) -> None:
         self.active = False
         self.memory.stop()
@@ -353,7 +400,7 @@ class TorchBackend:
         if self.light_prof is not None:
             torch.cuda.synchronize()  # the last step's kernels end inside the session
             self.light_prof.stop()
-        elif self.prof is not None and not self.shallow:
+        elif self.prof is not None and not self.shallow and self.anchors is None:
             self.prof.stop()
         self.timeline.stop()
 
@@ -386,6 +433,12 @@ class TorchBackend:
             _export(self.light_prof, out / light_trace_name(rank), False)
             light = {"structure_step": self.steps[0], "steps": list(self.light_steps),
                      "trace": light_trace_name(rank)}
+        cpu_light = None
+        if self.anchors is not None and self.anchors.steps:
+            done = self.anchors.steps
+            cpu_light = {"structure_step": self.steps[0], "steps": self.anchors.numbers[:len(done)],
+                         "unix_minus_clock_us": self.anchors.unix_offset_us,
+                         "anchors": [[[n, round(a, 3), round(b, 3)] for n, a, b in s] for s in done]}
         params = [
             {"name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
              "bytes": p.numel() * p.element_size(), "requires_grad": p.requires_grad}
@@ -421,6 +474,8 @@ class TorchBackend:
             **({MetaKey.HOROVOD_SETTINGS: settings_from_env()} if backend == "horovod" else {}),
             # light mode: the calls recorded CUDA-only, and where (dpro.importers.kineto.light)
             **({MetaKey.CUDA_LIGHT: light} if light is not None else {}),
+            # CPU-light mode: the later steps' hook times (dpro.importers.kineto.cpu_light)
+            **({MetaKey.CPU_LIGHT: cpu_light} if cpu_light is not None else {}),
             # shallow rank (DPRO_SHALLOW_RANKS): the calls its profiler recorded (dpro.importers.recording.shallow)
             **({MetaKey.SHALLOW: {"deep_steps": self.steps[:1]}} if self.shallow else {}),
         })
@@ -429,6 +484,7 @@ class TorchBackend:
 
     def _drop_sessions(self) -> None:
         self.prof = self.light_prof = None
+        self.anchors = None
         if self._struct_tmp is not None:
             self._struct_tmp.cleanup()
             self._struct_tmp = None
