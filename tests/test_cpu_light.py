@@ -212,7 +212,7 @@ def test_real_ddp_job_with_cpu_light(tmp_path):
     assert "not used" not in said
     meta = json.loads((out / "raw" / "rank0.meta.json").read_text())
     names = {a[0] for a in meta[MetaKey.CPU_LIGHT]["anchors"][0]}
-    assert {"step", "dpro.bucket::0", "comm#0"} <= names
+    assert {"step", "dpro.bucket::0", "comm#0", "Optimizer.step#SGD.step"} <= names
     rep = subprocess.run([sys.executable, "-m", "dpro.cli", "replay", str(out), "--json"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]

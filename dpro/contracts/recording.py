@@ -200,6 +200,8 @@ MEMORY_STATIC_KINDS = ("params", "grads", "optimizer_state", "buffers")
 #: all-reduce (read by :mod:`dpro.importers.kineto`)
 LAYER_PREFIX = "dpro.layer::"
 BUCKET_PREFIX = "dpro.bucket::"
+#: the range torch's optimizers open around each ``step()`` (``Optimizer.step#SGD.step``)
+OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
 #: the annotation around each profiled call (torch.profiler's own step marker's name)
 TORCH_STEP_PREFIX = "ProfilerStep#"
 

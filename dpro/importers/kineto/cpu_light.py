@@ -8,7 +8,8 @@ all-reduce from its hook to its completion. This module gives each light step th
 step's ops with the light step's timing:
 
 * **anchors**: the same names in the structure step: the step's span, the layer ranges
-  (``dpro.layer::``) and bucket ranges (``dpro.bucket::``) of the trace, and the k-th
+  (``dpro.layer::``), bucket ranges (``dpro.bucket::``) and optimizer steps
+  (``Optimizer.step#``) of the trace, and the k-th
   all-reduce of the step (its end: the hook's call is not when the collective started). The
   k-th range of a name in a light step pairs with the k-th of that name in the structure
   step; a name whose count differs is the reason the steps do not match (the light step ran
@@ -16,7 +17,8 @@ step's ops with the light step's timing:
 * **time**: a monotone piecewise-linear map per light step (start and end of each anchor),
   as :mod:`dpro.importers.kineto.light` does with the runtime calls; an operator between two
   anchors is scaled to fill the interval the light step measured. Backward operators have no
-  anchor of their own: they are placed between the last layer's forward and the bucket hooks.
+  anchor of their own: they are placed between the last layer's forward and the bucket hooks
+  or the optimizer's step.
   The hooks' clock is put on the trace's by the Unix time both record.
 
 Where anything does not match the caller keeps the structure step alone, with one reason.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX
+from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX, OPTIMIZER_STEP_PREFIX
 from dpro.gtrace.schema import NodeTrace
 from dpro.importers.kineto.light import TimeMap, retime_steps
 from dpro.importers.kineto.read import RankFile
@@ -42,7 +44,7 @@ def structure_anchors(nt: NodeTrace, rf: RankFile, st: int) -> Anchors:
     out: Anchors = defaultdict(list)
     out["step"].append((t0, t0 + dur))
     for e in sorted(rf.events, key=lambda e: e.ts):
-        if t0 <= e.ts < t0 + dur and e.name.startswith((LAYER_PREFIX, BUCKET_PREFIX)):
+        if t0 <= e.ts < t0 + dur and e.name.startswith((LAYER_PREFIX, BUCKET_PREFIX, OPTIMIZER_STEP_PREFIX)):
             out[e.name].append((e.ts, e.ts + e.dur))
     comm = sorted((e for e in nt.events if e.step == st and nt.ops[e.op].cat == "COMM"
                    and "all_reduce" in nt.ops[e.op].name.replace("allreduce", "all_reduce")), key=lambda e: e.ts)

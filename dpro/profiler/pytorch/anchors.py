@@ -6,6 +6,8 @@ the profiler and times the later calls with Python hooks on a monotonic clock
 
 * ``step``: the call of the step function;
 * each layer's forward (``dpro.layer::<path>``, the names of the structure step's layer ranges);
+* each optimizer step (``Optimizer.step#<class>.step``, the range torch's optimizers open
+  around their step; Horovod's DistributedOptimizer waits for its all-reduces in it);
 * each DDP bucket's hook (``dpro.bucket::<index>``) and ``comm#k``: the k-th bucket of the
   step from its hook's call to its all-reduce's completion (a callback on the collective's
   future, on the thread that completes it).
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+from dpro.contracts.recording import OPTIMIZER_STEP_PREFIX
 
 #: one anchor: (name, start µs, end µs)
 Anchor = tuple[str, float, float]
@@ -66,6 +70,19 @@ class AnchorLog:
         if self._cur is not None and self._open:
             name, t0 = self._open.pop()
             self._cur.append((name, t0, _now_us()))
+
+    def optimizer_hooks(self) -> list[Any]:
+        """Global optimizer step pre- and post-hooks that open and close ``Optimizer.step#...``
+        (torch calls them inside that range); the handles, to remove at the window's end."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            self.enter(f"{OPTIMIZER_STEP_PREFIX}{type(opt).__name__}.step")
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            self.exit()
+
+        return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
     def comm(self, fut: Any) -> Any:
         """``fut`` (a bucket's all-reduce) with a callback that adds ``comm#k`` on completion;

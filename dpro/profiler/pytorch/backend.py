@@ -382,14 +382,15 @@ class TorchBackend:
         self.light_prof.start()
 
     def _go_cpu_light(self) -> None:
-        """After the structure step (between two calls, outside their timing): stop
-        torch.profiler, export its session, and time the window's other calls by the hooks."""
+        """After the structure step (between two calls, outside the recorder's timing of
+        each): stop torch.profiler and time the window's other calls by the hooks. Its
+        session is exported after the window, with the full window's (:meth:`write`): no
+        other session starts in between."""
         self._remove_layer_hooks()
         self.prof.stop()
-        self._struct_tmp = tempfile.TemporaryDirectory(prefix="dpro-")
-        self.prof.export_chrome_trace(str(Path(self._struct_tmp.name) / "trace.json"))
         self.anchors = AnchorLog()
         self._install_layer_hooks()  # now timing the layers on the anchors' clock
+        self.hooks += self.anchors.optimizer_hooks()
 
     def _stop(self) -> None:
         self.active = False
