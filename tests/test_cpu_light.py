@@ -64,13 +64,19 @@ def test_recorder_profiles_the_first_call_and_times_the_others_by_hooks(tmp_path
     assert len(meta[MetaKey.STEP_WALL_US]) == 4  # every call still timed
 
 
-@pytest.mark.parametrize("env, memory, light", [(None, False, True), (None, True, False), ("0", False, False),
-                                               ("1", True, True)])
-def test_on_by_default_on_the_cpu_unless_allocations_are_recorded(tmp_path, monkeypatch, env, memory, light):
+@pytest.mark.parametrize("env, memory, horovod, light", [
+    (None, False, False, True), (None, True, False, False), (None, False, True, False),
+    ("0", False, False, False), ("1", True, True, True)])
+def test_on_by_default_on_the_cpu_unless_allocations_are_recorded_or_horovod(tmp_path, monkeypatch, env, memory,
+                                                                              horovod, light):
     """Unset, CPU-light is on for a model on the CPU, but not with profile_memory (the memory
-    estimates analyse the window's later steps); DPRO_CPU_LIGHT decides where set."""
+    estimates analyse the window's later steps) nor in a Horovod job (HOROVOD_RANK: its waits
+    have no anchor); DPRO_CPU_LIGHT decides where set."""
     import dpro
 
+    if horovod:
+        monkeypatch.setenv("HOROVOD_RANK", "0")
+        monkeypatch.setenv("HOROVOD_SIZE", "1")
     if env is None:
         monkeypatch.delenv("DPRO_CPU_LIGHT", raising=False)
     else:

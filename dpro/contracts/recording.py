@@ -90,7 +90,8 @@ ENV_CUDA_LIGHT = "DPRO_CUDA_LIGHT"
 #: ``1``/``0``: PyTorch models on the CPU: the window's first step is recorded with
 #: torch.profiler (the structure), the others by Python hooks alone (layer, DDP bucket and
 #: step times: the timing), far cheaper; or every step by torch.profiler. Unset: on for a
-#: model on the CPU (``dpro profile --[no-]cpu-light``; ``MetaKey.CPU_LIGHT``)
+#: model on the CPU, but not with Horovod or recorded allocations (``dpro profile
+#: --[no-]cpu-light``; ``MetaKey.CPU_LIGHT``)
 ENV_CPU_LIGHT = "DPRO_CPU_LIGHT"
 #: ``1``/``0``: PyTorch ranks other than 0 stop torch.profiler after the window's first call
 #: (rank 0 records the whole window), or not; the replay takes those ranks' later steps from

@@ -67,7 +67,7 @@ class RecordConfig:
     cuda_light: bool = False
     #: PyTorch on the CPU: torch.profiler in the window's first step only, the others timed by
     #: the layer and bucket hooks alone (``DPRO_CPU_LIGHT``, ``dpro profile --[no-]cpu-light``);
-    #: None: on for a model on the CPU unless ``profile_memory`` (the recorder decides)
+    #: None: on for a model on the CPU unless ``profile_memory`` or Horovod (the recorder decides)
     cpu_light: bool | None = None
     #: PyTorch: ranks other than 0 stop the profiler after the window's first call
     #: (``DPRO_SHALLOW_RANKS``; dpro/contracts/recording.py); None: where the host runs more

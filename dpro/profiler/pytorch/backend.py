@@ -16,7 +16,8 @@ that launched it: the timing, without torch.profiler's per-op CPU cost); the swi
 between two calls, outside the time the recorder measures of each.
 :mod:`dpro.importers.kineto.light` puts the two together.
 
-For a model on the CPU (CPU-light mode, the default there unless allocations are recorded;
+For a model on the CPU (CPU-light mode, the default there unless allocations are recorded
+or the job runs Horovod;
 ``DPRO_CPU_LIGHT=0``: :attr:`RecordConfig.cpu_light` off), the first profiled call is recorded as above too; then torch.profiler is stopped and the window's other
 calls are timed by the layer and bucket hooks alone (:mod:`dpro.profiler.pytorch.anchors`, into
 the meta's ``cpu_light``); :mod:`dpro.importers.kineto.cpu_light` puts the two together.
@@ -286,8 +287,12 @@ class TorchBackend:
             acts.append(ProfilerActivity.CUDA)
         self.light = self.config.cuda_light and on_cuda and self.config.steps > 1
         # auto (None): on, unless the allocations are recorded (the memory estimates analyse
-        # the window's steps after its first: dpro.importers.recording.allocations)
-        want = self.config.cpu_light if self.config.cpu_light is not None else not self.config.profile_memory
+        # the window's steps after its first: dpro.importers.recording.allocations) or the job
+        # runs Horovod (its main thread's waits for the all-reduces have no anchor: placed by
+        # scaling, they miss the timeline's collectives, which the what-if then reads as host
+        # work; docs/fidelity.md "CPU-light")
+        want = (self.config.cpu_light if self.config.cpu_light is not None
+                else not self.config.profile_memory and _rank_world()[2] != "horovod")
         self.cpu_light = want and not on_cuda and self.config.steps > 1
         if self.config.cpu_light and not self.cpu_light:
             log.warning("dpro: DPRO_CPU_LIGHT needs a model on the CPU (on CUDA: DPRO_CUDA_LIGHT) and a window of "
