@@ -30,7 +30,7 @@ from collections import defaultdict
 
 from dpro.contracts.recording import BUCKET_PREFIX, LAYER_PREFIX, OPTIMIZER_STEP_PREFIX
 from dpro.gtrace.schema import NodeTrace
-from dpro.importers.kineto.light import TimeMap, retime_steps
+from dpro.importers.kineto.light import TimeMap, monotone, retime_steps
 from dpro.importers.kineto.read import RankFile
 
 #: a light step's anchors: name -> [(start µs, end µs)] in order
@@ -88,16 +88,7 @@ def step_map(struct: Anchors, light: Anchors) -> tuple[TimeMap, int, bool] | str
             pairs += [(a, c), (b, d)]
     if comm:  # the all-reduce's end only
         pairs += [(struct[n][0][1], light[n][0][1]) for n in sc]
-    pairs.sort()
-    xs: list[float] = []
-    ys: list[float] = []
-    dropped = 0
-    for x, y in pairs:
-        if ys and y < ys[-1]:
-            dropped += 1
-            continue
-        xs.append(x)
-        ys.append(y)
+    xs, ys, dropped = monotone(pairs)
     return TimeMap(xs, ys), dropped, comm
 
 

@@ -157,12 +157,17 @@ class TimeMap:
 def anchors(struct: dict[object, list[Call]], light: dict[object, list[Call]]) -> tuple[list[float], list[float], int]:
     """(structure times, light times) of every call's start and end, sorted and made
     monotone (an anchor whose light time would go back is dropped), and how many were."""
-    pairs = sorted((x, y) for tid, calls in struct.items() for a, b in zip(calls, light[tid])
-                   for x, y in ((a.ts, b.ts), (a.end, b.end)))
+    return monotone([(x, y) for tid, calls in struct.items() for a, b in zip(calls, light[tid])
+                     for x, y in ((a.ts, b.ts), (a.end, b.end))])
+
+
+def monotone(pairs: list[tuple[float, float]]) -> tuple[list[float], list[float], int]:
+    """Anchor pairs (structure time, light time) sorted by the first and made monotone in the
+    second (a pair whose light time would go back is dropped); and how many were dropped."""
     xs: list[float] = []
     ys: list[float] = []
     dropped = 0
-    for x, y in pairs:
+    for x, y in sorted(pairs):
         if ys and y < ys[-1]:
             dropped += 1
             continue
