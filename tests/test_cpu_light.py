@@ -98,7 +98,7 @@ def test_import_gives_every_rank_its_light_steps(tmp_path, monkeypatch):
         _record(tmp_path, monkeypatch, r)
     gt = collect(tmp_path)
     assert gt.manifest.steps == [2, 3]
-    assert sum("CPU-light recording: steps [2, 3] timed by the layer and bucket hooks" in n for n in gt.notes) == 2
+    assert sum("CPU-light recording: steps [2, 3] timed by the recorder's hooks" in n for n in gt.notes) == 2
     for nt in gt.nodes.values():
         assert sorted(nt.steps) == [2, 3] and {e.step for e in nt.events} == {2, 3}
 
@@ -156,7 +156,7 @@ def test_ops_scaled_between_the_anchors():
     # x: 1020 -> 5020 + 80 * 10/40 = 5040, 1030 -> 5060; y: 1060 on 1050->5100 .. 1090->5190
     # (slope 2.25) = 5122.5, 1080 -> 5167.5; c: 1070 -> 5145, its end anchored at 5190
     assert got == {"x": (2, 5040.0, 20.0), "y": (2, 5122.5, 45.0), "c": (2, 5145.0, 45.0)}
-    assert "steps [2] timed by the layer and bucket hooks (3 anchors per step)" in note
+    assert "steps [2] timed by the recorder's hooks (3 anchors per step)" in note
 
 
 def test_all_reduce_count_differs_the_anchors_go_without_it():
@@ -214,7 +214,7 @@ def test_real_ddp_job_with_cpu_light(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     said = r.stdout + r.stderr  # dpro's notes go to stderr
-    assert said.count("CPU-light recording: steps [3, 4, 5] timed by the layer and bucket hooks") == 2, said[-3000:]
+    assert said.count("CPU-light recording: steps [3, 4, 5] timed by the recorder's hooks") == 2, said[-3000:]
     assert "not used" not in said
     meta = json.loads((out / "raw" / "rank0.meta.json").read_text())
     names = {a[0] for a in meta[MetaKey.CPU_LIGHT]["anchors"][0]}

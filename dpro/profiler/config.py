@@ -66,7 +66,7 @@ class RecordConfig:
     #: the others (``DPRO_CUDA_LIGHT``, ``dpro profile --cuda-light``; docs/profiling.md)
     cuda_light: bool = False
     #: PyTorch on the CPU: torch.profiler in the window's first step only, the others timed by
-    #: the layer and bucket hooks alone (``DPRO_CPU_LIGHT``, ``dpro profile --[no-]cpu-light``);
+    #: the recorder's hooks alone (``DPRO_CPU_LIGHT``, ``dpro profile --[no-]cpu-light``);
     #: None: on for a model on the CPU unless ``profile_memory`` or Horovod (the recorder decides)
     cpu_light: bool | None = None
     #: PyTorch: ranks other than 0 stop the profiler after the window's first call

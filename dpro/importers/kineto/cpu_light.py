@@ -129,5 +129,5 @@ def apply_cpu_light(nt: NodeTrace, rf: RankFile, info: dict) -> str:
         what += f"; the all-reduces' ends not used in {no_comm} step(s) (their number differs)"
     if dropped:
         what += f"; {dropped} anchor times out of order left out"
-    return (f"{nt.info.name}: CPU-light recording: steps {numbers} timed by the layer and bucket hooks ({what}), "
+    return (f"{nt.info.name}: CPU-light recording: steps {numbers} timed by the recorder's hooks ({what}), "
             f"on the ops and dependencies of step {st} (recorded by torch.profiler; its own timing is left out)")

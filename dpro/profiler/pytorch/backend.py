@@ -16,11 +16,12 @@ that launched it: the timing, without torch.profiler's per-op CPU cost); the swi
 between two calls, outside the time the recorder measures of each.
 :mod:`dpro.importers.kineto.light` puts the two together.
 
-For a model on the CPU (CPU-light mode, the default there unless allocations are recorded
-or the job runs Horovod;
-``DPRO_CPU_LIGHT=0``: :attr:`RecordConfig.cpu_light` off), the first profiled call is recorded as above too; then torch.profiler is stopped and the window's other
-calls are timed by the layer and bucket hooks alone (:mod:`dpro.profiler.pytorch.anchors`, into
-the meta's ``cpu_light``); :mod:`dpro.importers.kineto.cpu_light` puts the two together.
+For a model on the CPU (CPU-light mode, the default there unless allocations are recorded or
+the job runs Horovod; ``DPRO_CPU_LIGHT=0``: :attr:`RecordConfig.cpu_light` off), the first
+profiled call is recorded as above too; then torch.profiler is stopped and the window's other
+calls are timed by the recorder's hooks alone (layers, DDP buckets and their all-reduces,
+optimizer steps: :mod:`dpro.profiler.pytorch.anchors`, into the meta's ``cpu_light``);
+:mod:`dpro.importers.kineto.cpu_light` puts the two together.
 
 DDP buckets are recorded by a communication hook that wraps DDP's default all-reduce and
 notes, for each bucket, its parameters; it costs one Python call per bucket per step.
