@@ -302,7 +302,7 @@ def validate(path: Path, rank_pattern: str, ray_address: str | None) -> None:
                    "costs a fraction of torch.profiler's per-op CPU tracing (docs/gpu.md). Default: off.")
 @click.option("--cpu-light/--no-cpu-light", "cpu_light", default=None,
               help="PyTorch on the CPU: record the window's first step with torch.profiler (the structure) and "
-                   "time the others by the layer and DDP bucket hooks alone, which costs a fraction of the "
+                   "time the others by the recorder's hooks alone (layers, DDP buckets, optimizer steps), which costs a fraction of the "
                    "profiler's tracing (docs/profiling.md). Default: on for a model on the CPU, unless --memory or Horovod; "
                    "--no-cpu-light records every step with torch.profiler.")
 @click.option("--shallow-ranks/--no-shallow-ranks", "shallow_ranks", default=None,

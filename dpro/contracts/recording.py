@@ -88,8 +88,8 @@ ENV_SLOW_LAYERS = "DPRO_SLOW_LAYERS"
 #: :func:`light_trace_name`, ``MetaKey.CUDA_LIGHT``)
 ENV_CUDA_LIGHT = "DPRO_CUDA_LIGHT"
 #: ``1``/``0``: PyTorch models on the CPU: the window's first step is recorded with
-#: torch.profiler (the structure), the others by Python hooks alone (layer, DDP bucket and
-#: step times: the timing), far cheaper; or every step by torch.profiler. Unset: on for a
+#: torch.profiler (the structure), the others by Python hooks alone (step, layer, DDP bucket
+#: and optimizer step times: the timing), far cheaper; or every step by torch.profiler. Unset: on for a
 #: model on the CPU, but not with Horovod or recorded allocations (``dpro profile
 #: --[no-]cpu-light``; ``MetaKey.CPU_LIGHT``)
 ENV_CPU_LIGHT = "DPRO_CPU_LIGHT"
@@ -263,10 +263,10 @@ class MetaKey:
     CUDA_LIGHT = "cuda_light"
     #: PyTorch CPU-light mode (``ENV_CPU_LIGHT``): ``{"structure_step": i, "steps": [...],
     #: "unix_minus_clock_us": x, "anchors": [[[name, start_us, end_us], ...] per light step]}``
-    #: (the anchors' clock plus x is Unix time): the times of the step,
-    #: each layer's forward and each DDP bucket's all-reduce (``comm#k``: the hook's call to
-    #: the collective's completion) in the steps recorded without torch.profiler, on one
-    #: monotonic clock (dpro.importers.kineto.cpu_light)
+    #: (the anchors' clock plus x is Unix time): the times of the step, each layer's forward,
+    #: each DDP bucket's hook and all-reduce (``comm#k``: the hook's call to the collective's
+    #: completion) and each optimizer step in the steps recorded without torch.profiler, on
+    #: one monotonic clock (dpro.importers.kineto.cpu_light)
     CPU_LIGHT = "cpu_light"
     #: ``ENV_SHALLOW_RANKS`` on a rank other than 0: ``{"deep_steps": [first window call]}``:
     #: its profiler recorded that call only; the importer times its other window steps from
